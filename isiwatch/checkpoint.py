@@ -1,0 +1,209 @@
+"""Safe checkpoint reading and writing, and timm architecture inference from tensor shapes.
+
+Reads what timm's ``train.py`` writes (``arch``, ``args`` with ``model_kwargs``, ``state_dict`` and
+``state_dict_ema``), isiwatch's own files (``arch``, ``model_kwargs``, ``state_dict``), plain state
+dicts, Lightning ``.ckpt`` files and safetensors. Pickles load with ``weights_only=True``: a pickle that
+would run code is refused, never executed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from .files import atomic_write
+
+#: timm model used as the template when a checkpoint names no architecture.
+BASE_ARCH = "vit_tiny_patch16_224"
+BASE_DISTILLED_ARCH = "deit_tiny_distilled_patch16_224"
+_QKV = "blocks.0.attn.qkv.weight"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be read or is not a ViT; the message names the file and the problem."""
+
+
+@dataclass
+class Checkpoint:
+    """A ViT checkpoint resolved to a timm architecture and a plain state dict."""
+
+    path: Path
+    arch: str
+    model_kwargs: dict
+    state_dict: dict[str, Tensor]
+    sha256: str
+    metadata: dict = field(default_factory=dict)
+
+    def build(self) -> nn.Module:
+        """``timm.create_model(arch, **model_kwargs)`` with the weights loaded strictly."""
+        import timm
+
+        try:
+            model = timm.create_model(self.arch, pretrained=False, **self.model_kwargs)
+        except Exception as exc:  # timm raises RuntimeError/KeyError/TypeError for unknown archs/kwargs
+            raise CheckpointError(f"{self.path}: cannot build timm model {self.arch!r}: {exc}") from None
+        try:
+            model.load_state_dict(self.state_dict, strict=True)
+        except RuntimeError as exc:
+            first = str(exc).splitlines()[1].strip() if "\n" in str(exc) else str(exc)
+            raise CheckpointError(f"{self.path}: weights do not fit {self.arch!r}: {first}") from None
+        return model
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_raw(path: str | Path) -> dict:
+    """The checkpoint's top-level mapping, read without running any code."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    with open(path, "rb") as fh:
+        head = fh.read(16)
+    if len(head) == 0:
+        raise CheckpointError(f"{path}: file is empty")
+    if path.suffix == ".safetensors" or (len(head) >= 9 and head[8:9] == b"{"):
+        return _read_safetensors(path)
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        if found:
+            raise CheckpointError(
+                f"{path}: refusing to load: the pickle calls {found.group(1)}, which safe (weights_only) "
+                "loading does not allow") from None
+        raise CheckpointError(f"{path}: not a readable torch or safetensors checkpoint") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: expected a dict of tensors, found {type(obj).__name__}")
+    return obj
+
+
+def _read_safetensors(path: Path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
+    raw: dict = {"state_dict": state}
+    if "isiwatch" in meta:
+        raw.update(json.loads(meta["isiwatch"]))
+    return raw
+
+
+def _state_dict_of(raw: dict, prefer_ema: bool) -> dict[str, Tensor]:
+    for key in (("state_dict_ema", "state_dict") if prefer_ema else ("state_dict", "state_dict_ema")):
+        if isinstance(raw.get(key), dict) and raw[key]:
+            return raw[key]
+    for key in ("model", "model_state_dict", "module"):
+        if isinstance(raw.get(key), dict):
+            return raw[key]
+    return raw
+
+
+def _strip_prefix(state: dict[str, Tensor]) -> dict[str, Tensor] | None:
+    """Remove wrapper prefixes (``module.``, ``_orig_mod.``, Lightning's ``model.``) around timm keys."""
+    for key in state:
+        if key.endswith(_QKV):
+            prefix = key[: -len(_QKV)]
+            return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    return None
+
+
+def _is_square(n: int) -> int | None:
+    root = math.isqrt(n) if n > 0 else 0
+    return root if root * root == n else None
+
+
+def infer_vit_kwargs(state: dict[str, Tensor]) -> dict:
+    """timm ``VisionTransformer`` keyword arguments implied by the tensor shapes of ``state``."""
+    proj = state["patch_embed.proj.weight"]
+    dim, in_chans, patch = proj.shape[0], proj.shape[1], proj.shape[2]
+    depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
+    has_cls = "cls_token" in state
+    prefix = int(has_cls) + ("dist_token" in state) + (state["reg_token"].shape[1] if "reg_token" in state else 0)
+    kwargs = {"embed_dim": dim, "depth": depth, "patch_size": patch, "in_chans": in_chans,
+              "num_classes": state["head.weight"].shape[0] if "head.weight" in state else 0,
+              "mlp_ratio": state["blocks.0.mlp.fc1.weight"].shape[0] / dim,
+              "qkv_bias": "blocks.0.attn.qkv.bias" in state,
+              "qk_norm": "blocks.0.attn.q_norm.weight" in state,
+              "init_values": 1e-5 if "blocks.0.ls1.gamma" in state else None}
+    if "dist_token" not in state:
+        kwargs["class_token"] = has_cls
+        kwargs["reg_tokens"] = prefix - int(has_cls)
+        kwargs["global_pool"] = "token" if has_cls and "fc_norm.weight" not in state else "avg"
+        kwargs["fc_norm"] = "fc_norm.weight" in state
+        kwargs["final_norm"] = "norm.weight" in state or "fc_norm.weight" in state
+    if "pos_embed" in state:
+        length = state["pos_embed"].shape[1]
+        grid = _is_square(length - prefix) if has_cls or prefix else None
+        if grid is not None and "dist_token" not in state:
+            kwargs["no_embed_class"] = False
+        elif _is_square(length) is not None:
+            grid = _is_square(length)
+            kwargs["no_embed_class"] = True
+        if grid:
+            kwargs["img_size"] = grid * patch
+    return kwargs
+
+
+def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool = True) -> Checkpoint:
+    """Read a ViT checkpoint and resolve its timm architecture (explicit ``arch`` wins)."""
+    path = Path(path)
+    raw = read_raw(path)
+    state = _strip_prefix(_state_dict_of(raw, prefer_ema))
+    if state is None or "patch_embed.proj.weight" not in state:
+        raise CheckpointError(f"{path}: not a ViT checkpoint (no {_QKV!r} or patch_embed weights found)")
+    recorded = dict(raw.get("model_kwargs") or {})
+    args = raw.get("args")
+    if isinstance(args, argparse.Namespace):
+        recorded = {**dict(getattr(args, "model_kwargs", None) or {}), **recorded}
+    elif isinstance(args, dict):
+        recorded = {**dict(args.get("model_kwargs") or {}), **recorded}
+    try:
+        inferred = infer_vit_kwargs(state)
+    except KeyError as exc:
+        raise CheckpointError(f"{path}: unsupported ViT layout (missing {exc.args[0]!r})") from None
+    chosen_arch = arch or raw.get("arch")
+    if not isinstance(chosen_arch, str) or not chosen_arch:
+        chosen_arch = BASE_DISTILLED_ARCH if "dist_token" in state else BASE_ARCH
+        if "num_heads" not in recorded:
+            recorded["num_heads"] = max(1, inferred["embed_dim"] // 64)
+    kwargs = {**inferred, **recorded}
+    meta = dict(raw.get("isiwatch") or {})
+    return Checkpoint(path, chosen_arch, kwargs, state, sha256_of(path), meta)
+
+
+def save_checkpoint(path: str | Path, arch: str, model_kwargs: dict, state_dict: dict[str, Tensor],
+                    metadata: dict | None = None, fmt: str = "pt") -> Path:
+    """Write an isiwatch checkpoint atomically as a torch pickle of plain types or as safetensors."""
+    path = Path(path)
+    state = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+    payload = {"arch": arch, "model_kwargs": model_kwargs, "isiwatch": metadata or {}}
+    with atomic_write(path) as tmp:
+        if fmt == "safetensors":
+            from safetensors.torch import save_file
+
+            save_file(state, str(tmp), metadata={"isiwatch": json.dumps(payload)})
+        elif fmt == "pt":
+            torch.save({**payload, "state_dict": state}, tmp)
+        else:
+            raise ValueError(f"unknown checkpoint format {fmt!r} (use 'pt' or 'safetensors')")
+    return path

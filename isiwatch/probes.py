@@ -1,0 +1,42 @@
+"""Linear probes: held-out accuracy of ridge classifiers on per-layer features, all layers in one solve."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .ridge import DEFAULT_ALPHAS, accuracy_score, fit_ridge
+
+
+def split_indices(n: int, train_fraction: float = 0.7, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Deterministic seeded train/held-out split of ``n`` probe images (independent of the global RNG)."""
+    if n < 4:
+        raise ValueError(f"need at least 4 probe images for a train/held-out split, got {n}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_train = min(max(2, round(n * train_fraction)), n - 2)
+    return order[:n_train], order[n_train:]
+
+
+def probe_accuracy(
+    features: Tensor,
+    labels: Tensor,
+    train_idx: Tensor,
+    test_idx: Tensor,
+    alphas: Sequence[float] = DEFAULT_ALPHAS,
+) -> Tensor:
+    """Held-out accuracy (K,) of one ridge classifier per feature set ``features`` (K,n,D).
+
+    The classifiers regress one-hot labels on standardised features; the regulariser is chosen per
+    feature set by leave-one-out accuracy on the training split.
+    """
+    features = features.float()
+    _, codes = torch.unique(labels.cpu(), return_inverse=True)
+    codes = codes.to(features.device)
+    onehot = F.one_hot(codes, int(codes.max()) + 1).float()
+    train_idx, test_idx = train_idx.to(features.device), test_idx.to(features.device)
+    y_train = codes[train_idx]
+    fit = fit_ridge(features[:, train_idx], onehot[train_idx], lambda pred: accuracy_score(pred, y_train), alphas)
+    return accuracy_score(fit.predict(features[:, test_idx]), codes[test_idx])

@@ -1,0 +1,56 @@
+"""Plain-text tables for the terminal."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from .analysis import Analysis
+
+SHORT_NAMES = {"attn_token_change": "d", "attn_entropy": "h", "isi": "isi", "token_similarity": "tok_sim",
+               "cls_attention_share": "cls_att", "cls_patch_cos": "cls_cos", "norm_friction": "friction",
+               "probe_cls": "probe_cls", "probe_patch_mean": "probe_pm", "isi_recon": "isi_recon"}
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    """Right-aligned columns; floats with 3 decimals, NaN as '-'."""
+    def cell(v) -> str:
+        if isinstance(v, float):
+            return "-" if not math.isfinite(v) else f"{v:.3f}"
+        return str(v)
+
+    body = [[cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in body]
+    return "\n".join(lines)
+
+
+def phase_of(analysis: Analysis, index: int) -> str:
+    ph = analysis.phases
+    if ph is None:
+        return ""
+    for name in ("cliff", "plateau", "climb"):
+        span = getattr(ph, name)
+        if span and span[0] <= index <= span[1]:
+            return name
+    return ""
+
+
+def analysis_table(analysis: Analysis) -> str:
+    """One row per block (stem points first) with every metric and the block's phase."""
+    metrics = list(analysis.layers)
+    header = ["layer", *(SHORT_NAMES.get(m, m) for m in metrics), "phase"]
+    rows = [[point, *(analysis.stem[point].get(m, math.nan) for m in metrics), ""]
+            for point in ("pre_pe", "embed") if point in analysis.stem]
+    rows += [[i, *(analysis.layers[m][i] for m in metrics), phase_of(analysis, i)] for i in range(analysis.depth)]
+    return format_table(header, rows)
+
+
+def phases_line(analysis: Analysis) -> str:
+    ph = analysis.phases
+    if ph is None:
+        return f"phases ({analysis.phase_metric}): no plateau detected"
+    parts = [f"{name} {span[0]}–{span[1]}" for name in ("cliff", "plateau", "climb")
+             if (span := getattr(ph, name))]
+    return f"phases ({analysis.phase_metric}): " + ", ".join(parts)

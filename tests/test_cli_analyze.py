@@ -1,0 +1,131 @@
+"""`isiwatch analyze` on every checkpoint flavour, and its refusals of bad input."""
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import timm
+import torch
+from click.testing import CliRunner
+from safetensors.torch import save_file
+
+from isiwatch.checkpoint import load_checkpoint, save_checkpoint
+from isiwatch.cli import main
+
+KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=4, num_heads=2)
+
+
+@pytest.fixture(scope="module")
+def vit():
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, **KWARGS)
+
+
+def digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_analyze_isiwatch_checkpoint_writes_outputs(vit, tmp_path):
+    ckpt = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", KWARGS, vit.state_dict())
+    before = digest(ckpt)
+    result = run("analyze", ckpt, "--images", 200, "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "out" / "analysis.json").read_text())
+    assert [row["index"] for row in data["layers"]] == [0, 1, 2, 3]
+    assert {"isi", "token_similarity", "probe_cls", "probe_patch_mean"} <= set(data["layers"][0])
+    assert data["model"]["arch"] == "vit_tiny_patch16_224" and data["phases"]["metric"] == "token_similarity"
+    assert (tmp_path / "out" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert "phases (token_similarity)" in result.output
+    assert digest(ckpt) == before
+
+
+def test_timm_train_checkpoint_prefers_ema_and_reads_args(vit, tmp_path):
+    ema = {k: v + 1.0 if v.is_floating_point() else v for k, v in vit.state_dict().items()}
+    args = argparse.Namespace(model="vit_tiny_patch16_224", model_kwargs={"num_heads": 2}, lr=0.1)
+    path = tmp_path / "checkpoint-3.pth.tar"
+    torch.save({"epoch": 3, "arch": "vit_tiny_patch16_224", "args": args, "state_dict": vit.state_dict(),
+                "state_dict_ema": ema, "version": 2, "optimizer": {"state": {}, "param_groups": []}}, path)
+    ckpt = load_checkpoint(path)
+    assert ckpt.model_kwargs["num_heads"] == 2 and ckpt.model_kwargs["depth"] == 4
+    assert torch.equal(ckpt.state_dict["cls_token"], ema["cls_token"])
+    model = ckpt.build()
+    assert model.blocks[0].attn.num_heads == 2
+    assert run("analyze", path, "--images", 100, "--out", tmp_path / "o").exit_code == 0
+
+
+def test_plain_prefixed_and_safetensors_state_dicts(vit, tmp_path):
+    plain = tmp_path / "plain.pt"
+    torch.save({f"model.{k}": v for k, v in vit.state_dict().items()}, plain)  # Lightning-style prefix
+    ckpt = load_checkpoint(plain, arch="vit_tiny_patch16_224")
+    assert ckpt.model_kwargs["embed_dim"] == 32 and ckpt.model_kwargs["img_size"] == 28
+    ckpt.model_kwargs["num_heads"] = 2
+    ckpt.build()
+    st = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, str(st))
+    assert load_checkpoint(st).build() is not None
+    reg = timm.create_model("vit_tiny_patch16_224", pretrained=False, reg_tokens=2, class_token=False,
+                            global_pool="avg", **KWARGS)
+    path = save_checkpoint(tmp_path / "reg.safetensors", "vit_tiny_patch16_224", {"num_heads": 2}, reg.state_dict(),
+                           fmt="safetensors")
+    inferred = load_checkpoint(path).model_kwargs
+    assert inferred["reg_tokens"] == 2 and inferred["class_token"] is False
+    assert run("analyze", path, "--images", 50, "--out", tmp_path / "r").exit_code == 0
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (os.system, (f"touch {os.environ['ISIWATCH_PWNED']}",))
+
+
+def test_refuses_bad_inputs_with_one_line_errors(vit, tmp_path, monkeypatch):
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(os.urandom(4096))
+    marker = tmp_path / "pwned"
+    monkeypatch.setenv("ISIWATCH_PWNED", str(marker))
+    evil = tmp_path / "evil.pt"
+    torch.save({"state_dict": vit.state_dict(), "payload": RunsCode()}, evil)
+    resnet = tmp_path / "resnet.pt"
+    torch.save(timm.create_model("resnet18", pretrained=False, num_classes=10).state_dict(), resnet)
+    cases = {garbage: "not a readable", tmp_path / "missing.pt": "no such checkpoint",
+             evil: "refusing to load", resnet: "not a ViT checkpoint"}
+    for path, expected in cases.items():
+        before = digest(path) if path.exists() else None
+        out = tmp_path / f"out-{path.stem}"
+        result = run("analyze", path, "--out", out)
+        assert result.exit_code == 1, (path, result.output)
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], result.output
+        assert not out.exists()
+        assert (digest(path) if path.exists() else None) == before
+    assert not marker.exists()
+
+
+def test_wrong_arch_and_bad_data_are_one_line_errors(vit, tmp_path):
+    ckpt = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", KWARGS, vit.state_dict())
+    result = run("analyze", ckpt, "--arch", "resnet18", "--out", tmp_path / "o1")
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    result = run("analyze", ckpt, "--data", tmp_path / "nowhere", "--out", tmp_path / "o2")
+    assert result.exit_code == 1 and "no such data folder" in result.output
+    (tmp_path / "empty").mkdir()
+    result = run("analyze", ckpt, "--data", tmp_path / "empty", "--out", tmp_path / "o3")
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert not any((tmp_path / o).exists() for o in ("o1", "o2", "o3"))
+
+
+def test_real_process_exit_code_and_no_traceback(tmp_path):
+    garbage = tmp_path / "x.pt"
+    garbage.write_bytes(b"not a checkpoint at all")
+    proc = subprocess.run([sys.executable, "-m", "isiwatch.cli", "analyze", str(garbage)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0
+    version = subprocess.run([sys.executable, "-m", "isiwatch.cli", "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and "0.1.0" in version.stdout
