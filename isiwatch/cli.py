@@ -94,5 +94,10 @@ def demo(out, epochs, quick, device) -> None:
     run_demo(out, epochs=2 if quick else epochs, device=_device(device), echo=click.echo)
 
 
+# --- truncate command (issue 6) goes here ---
+
+# --- specialize command (issue 8) goes here ---
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
