@@ -26,20 +26,37 @@ def isi(token_change: float, entropy: float) -> float:
     return token_change * entropy
 
 
+def unit(t: Tensor) -> Tensor:
+    """Tokens scaled to unit L2 norm (zero tokens stay zero)."""
+    return F.normalize(t, dim=-1)
+
+
 def attn_token_change(x: Tensor, y: Tensor) -> Tensor:
     """d = mean over tokens of 1 − cos(X, Y): how much the attention sub-layer rotates each token."""
-    return (1.0 - F.cosine_similarity(x, y, dim=-1)).mean(-1)
+    return _token_change(unit(x), unit(y))
 
 
-def attn_entropy(a: Tensor) -> Tensor:
-    """h = mean over heads and queries of the attention row entropy, divided by ln T (0 = one source)."""
-    t = a.shape[-1]
-    return -torch.special.xlogy(a, a).sum(-1).mean((1, 2)) / math.log(t)
+def _token_change(ux: Tensor, uy: Tensor) -> Tensor:
+    return 1.0 - torch.linalg.vecdot(ux, uy).mean(-1)
 
 
-def cls_attention_share(a: Tensor, p: int) -> Tensor:
-    """T · mean attention that patch queries pay to [CLS]; 1 means uniform."""
-    return a.shape[-1] * a[:, :, p:, 0].mean((1, 2))
+def attention_logits(q: Tensor, k: Tensor, scale: float) -> Tensor:
+    """Pre-softmax attention scores (B,H,T,T)."""
+    return (q * scale) @ k.transpose(-2, -1)
+
+
+def attention_stats(logits: Tensor, p: int, has_cls: bool) -> tuple[Tensor, Tensor | None]:
+    """(attn_entropy, cls_attention_share) from the scores, without materialising log A.
+
+    Entropy of softmax rows is ``logsumexp(s) − Σ A·s``, normalised by ln T (0 = one source, 1 = uniform);
+    the [CLS] share is T · mean attention that patch queries pay to [CLS] (1 = uniform).
+    """
+    t = logits.shape[-1]
+    lse = logits.logsumexp(-1, keepdim=True)
+    a = (logits - lse).exp_()
+    entropy = (lse.squeeze(-1) - torch.linalg.vecdot(a, logits)).mean((1, 2)) / math.log(t)
+    share = t * a[:, :, p:, 0].mean((1, 2)) if has_cls else None
+    return entropy, share
 
 
 def token_similarity(z: Tensor, p: int, center: Tensor | None = None) -> Tensor:
@@ -50,7 +67,7 @@ def token_similarity(z: Tensor, p: int, center: Tensor | None = None) -> Tensor:
     patches = z[:, p:]
     if center is None:
         center = patches.mean((0, 1))
-    u = F.normalize(patches - center, dim=-1)
+    u = unit(patches - center)
     n = u.shape[1]
     pair_sum = u.sum(1).pow(2).sum(-1) - u.pow(2).sum((1, 2))
     return pair_sum / (n * (n - 1))
@@ -58,7 +75,11 @@ def token_similarity(z: Tensor, p: int, center: Tensor | None = None) -> Tensor:
 
 def cls_patch_cos(z: Tensor, p: int) -> Tensor:
     """Mean cos([CLS], patch_i)."""
-    return F.cosine_similarity(z[:, :1], z[:, p:], dim=-1).mean(-1)
+    return _cls_patch_cos(unit(z), p)
+
+
+def _cls_patch_cos(u: Tensor, p: int) -> Tensor:
+    return torch.linalg.vecdot(u[:, p:].mean(1), u[:, 0])
 
 
 def norm_friction(x: Tensor, x_normed: Tensor, p: int) -> Tensor:
@@ -67,13 +88,16 @@ def norm_friction(x: Tensor, x_normed: Tensor, p: int) -> Tensor:
 
 
 def block_metrics(bt: BlockTensors, p: int, has_cls: bool) -> dict[str, Tensor]:
-    """Per-image block metrics of SPEC §3 for one block (``isi`` is formed from their batch means)."""
-    a = bt.attention_probs()
-    d = attn_token_change(bt.x, bt.y)
-    h = attn_entropy(a)
-    out = {"attn_token_change": d, "attn_entropy": h, "token_similarity": token_similarity(bt.z, p)}
+    """Per-image block metrics of SPEC §3 for one block (``isi`` is formed from their batch means).
+
+    Each tensor is normalised once and shared between the metrics that need it.
+    """
+    ux = unit(bt.x)
+    entropy, share = attention_stats(attention_logits(bt.q, bt.k, bt.scale), p, has_cls)
+    out = {"attn_token_change": _token_change(ux, unit(bt.y)), "attn_entropy": entropy,
+           "token_similarity": token_similarity(bt.z, p)}
     if has_cls:
-        out["cls_attention_share"] = cls_attention_share(a, p)
+        out["cls_attention_share"] = share
         out["cls_patch_cos"] = cls_patch_cos(bt.z, p)
-        out["norm_friction"] = norm_friction(bt.x, bt.x_normed, p)
+        out["norm_friction"] = _cls_patch_cos(ux, p) - cls_patch_cos(bt.x_normed, p)
     return out

@@ -1,7 +1,7 @@
 """Closed-form ridge regression for many problems at once, with the regulariser chosen by leave-one-out.
 
 Used by the linear probes and by ``isi_recon``: K independent problems (one per layer and feature kind)
-share one batched SVD, and the exact leave-one-out residuals of ridge, ``(y − ŷ)/(1 − h)``, pick the
+share one batched spectral decomposition, and the exact leave-one-out residuals of ridge, ``(y − ŷ)/(1 − h)``, pick the
 regulariser from a grid on the training data alone.
 """
 
@@ -42,6 +42,24 @@ def neg_mse_score(pred: Tensor, target: Tensor) -> Tensor:
     return -(pred - target).pow(2).mean((-2, -1))
 
 
+def _spectrum(xs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Thin SVD (U, s, V) of each (n,D) problem via the eigendecomposition of its smaller Gram matrix.
+
+    The Gram matrix is (D,D) or (n,n), decomposed in float64; much cheaper than an SVD of the tall
+    matrix. Directions with negligible singular values get s = 0 and zero vectors, so they drop out.
+    """
+    primal = xs.shape[2] <= xs.shape[1]
+    gram = xs.transpose(1, 2) @ xs if primal else xs @ xs.transpose(1, 2)
+    s2, vecs = torch.linalg.eigh(gram.double())
+    keep = s2 > 1e-10 * s2[:, -1:].clamp_min(1e-300)
+    s = torch.where(keep, s2.clamp_min(0).sqrt(), 0).to(xs.dtype)
+    inv = torch.where(keep, 1 / s.clamp_min(1e-30), 0)
+    vecs = vecs.to(xs.dtype)
+    if primal:
+        return (xs @ vecs) * inv.unsqueeze(1), s, vecs * keep.unsqueeze(1)
+    return vecs * keep.unsqueeze(1), s, (xs.transpose(1, 2) @ vecs) * inv.unsqueeze(1)
+
+
 def fit_ridge(
     x: Tensor,
     y: Tensor,
@@ -60,7 +78,7 @@ def fit_ridge(
     y = y.expand(k, *y.shape[-2:]) if y.dim() == 2 else y
     y_bar = y.mean(1, keepdim=True)
     yc = y - y_bar
-    u, s, vh = torch.linalg.svd(xs, full_matrices=False)
+    u, s, v = _spectrum(xs)
     s2 = s.pow(2)
     u_t_y = u.transpose(1, 2) @ yc  # (K,r,C)
     u2 = u.pow(2)
@@ -79,5 +97,5 @@ def fit_ridge(
         best_lam = torch.where(better.unsqueeze(-1), lam, best_lam)
         best_alpha = torch.where(better, torch.as_tensor(alpha, device=x.device), best_alpha)
     coef = s / (s2 + best_lam)  # (K,r)
-    weights = vh.transpose(1, 2) @ (coef.unsqueeze(-1) * u_t_y)
+    weights = v @ (coef.unsqueeze(-1) * u_t_y)
     return RidgeFit(mean, scale, weights, y_bar, best_alpha)

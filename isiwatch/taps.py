@@ -37,10 +37,6 @@ class BlockTensors:
     k: Tensor
     scale: float
 
-    def attention_probs(self) -> Tensor:
-        """A (B,H,T,T): softmax(q·kᵀ·scale), rows summing to 1."""
-        return torch.softmax((self.q * self.scale) @ self.k.transpose(-2, -1), dim=-1)
-
 
 @dataclass
 class BlockParts:

@@ -1,0 +1,159 @@
+"""Offline analysis cost, side by side in one run.
+
+(a) one plain forward pass over the probe images (the floor), (b) ``isiwatch.analyze`` with every metric
+and both probes, (c) a naive implementation that keeps every activation, computes the metrics from the
+stored tensors (unfused attention) and fits one scikit-learn LogisticRegression per layer and feature
+kind. Reports medians of repeated runs and the ratios, and the probe accuracies of (b) vs (c).
+
+    python benchmarks/bench_analyze.py [--checkpoint isiwatch-demo/model.pt] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import timm
+import torch
+import torch.nn.functional as F
+from sklearn.linear_model import LogisticRegression
+
+import isiwatch
+from isiwatch.checkpoint import load_checkpoint
+from isiwatch.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.probes import probe_accuracy, split_indices
+from isiwatch.training import make_digits_vit, train_classifier
+
+
+def timed(fn, repeats: int) -> tuple[float, object]:
+    fn()  # warm-up
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def naive_activations(model, images):
+    """Every block's X, Y, Z and attention probabilities, kept in memory (unfused attention)."""
+    model = copy.deepcopy(model).eval()
+    store = {"A": []}
+    for blk in model.blocks:
+        blk.attn.fused_attn = False
+        blk.attn.attn_drop.register_forward_hook(lambda m, i, o: store["A"].append(i[0]))
+    with torch.no_grad():
+        x = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(images))))
+        xs, ys, zs = [], [], []
+        for blk in model.blocks:
+            y = x + blk.ls1(blk.attn(blk.norm1(x)))
+            z = x + blk.ls2(blk.mlp(blk.norm2(y)))  # same as blk(x) in eval mode
+            xs.append(x), ys.append(y), zs.append(z)
+            x = z
+    return xs, ys, zs, store["A"]
+
+
+def naive_analysis(model, images, labels, p):
+    xs, ys, zs, attns = naive_activations(model, images)
+    metrics = []
+    for x, y, z, a in zip(xs, ys, zs, attns):
+        d = 1 - F.cosine_similarity(x, y, dim=-1).mean()
+        h = -(a * a.clamp_min(1e-30).log()).sum(-1).mean() / torch.log(torch.tensor(float(a.shape[-1])))
+        patches = z[:, p:]
+        u = F.normalize(patches - patches.mean((0, 1)), dim=-1)
+        gram = u @ u.transpose(1, 2)
+        n = u.shape[1]
+        sim = ((gram.sum((1, 2)) - gram.diagonal(dim1=1, dim2=2).sum(-1)) / (n * (n - 1))).mean()
+        metrics.append((float(d), float(h), float(d * h), float(sim)))
+    start = time.perf_counter()
+    accs = naive_probes(zs, labels, p)
+    return metrics, accs, time.perf_counter() - start
+
+
+def naive_probes(zs, labels, p):
+    train, test = split_indices(len(labels), 0.7, seed=0)
+    accs = {"cls": [], "patch_mean": []}
+    for z in zs:
+        for kind, feats in (("cls", z[:, 0]), ("patch_mean", z[:, p:].mean(1))):
+            f = feats.numpy()
+            mu, sd = f[train].mean(0), f[train].std(0) + 1e-6
+            clf = LogisticRegression(max_iter=2000).fit((f[train] - mu) / sd, labels[train].numpy())
+            accs[kind].append(float(clf.score((f[test] - mu) / sd, labels[test].numpy())))
+    return accs
+
+
+def our_probes(zs, labels, p):
+    train, test = split_indices(len(labels), 0.7, seed=0)
+    feats = torch.cat([torch.stack([z[:, p:].mean(1) for z in zs]), torch.stack([z[:, 0] for z in zs])])
+    start = time.perf_counter()
+    acc = probe_accuracy(feats, labels, train, test).tolist()
+    return {"patch_mean": acc[:len(zs)], "cls": acc[len(zs):]}, time.perf_counter() - start
+
+
+def bench(name, model, images, labels, repeats, with_naive=True):
+    p = model.num_prefix_tokens
+    t_plain, _ = timed(lambda: _plain(model, images), repeats)
+    t_ours, analysis = timed(lambda: isiwatch.analyze(model, images, labels, batch_size=len(images)), repeats)
+    print(f"\n### {name}: {len(images)} images, {len(model.blocks)} blocks")
+    print(f"plain forward        {t_plain * 1e3:8.1f} ms   1.00x")
+    print(f"isiwatch.analyze     {t_ours * 1e3:8.1f} ms   {t_ours / t_plain:.2f}x  (all metrics + both probes)")
+    if not with_naive:
+        return analysis
+    t_naive, (metrics, naive_accs, t_sklearn) = timed(lambda: naive_analysis(model, images, labels, p), 1)
+    print(f"naive (keep all + sklearn) {t_naive * 1e3:8.1f} ms   {t_naive / t_plain:.2f}x")
+    zs = naive_activations(model, images)[2]
+    ours, _ = our_probes(zs, labels, p)
+    t_probe = statistics.median(our_probes(zs, labels, p)[1] for _ in range(repeats))
+    print(f"probe stage: ridge {t_probe * 1e3:.1f} ms vs sklearn LogisticRegression {t_sklearn * 1e3:.1f} ms "
+          f"-> {t_sklearn / t_probe:.0f}x faster")
+    for kind in ("cls", "patch_mean"):
+        diffs = [abs(a - b) * 100 for a, b in zip(ours[kind], naive_accs[kind])]
+        print(f"probe_{kind}: ridge {[round(a, 3) for a in ours[kind]]}")
+        print(f"probe_{kind}: sklearn {[round(a, 3) for a in naive_accs[kind]]}")
+        print(f"probe_{kind}: mean |diff| {statistics.mean(diffs):.2f} points, max {max(diffs):.2f} points")
+    worst = max(abs(m[3] - analysis.layers["token_similarity"][i]) for i, m in enumerate(metrics))
+    print(f"metric agreement with naive: max |token_similarity diff| {worst:.2e}")
+    return analysis
+
+
+@torch.no_grad()
+def _plain(model, images):
+    was = model.training
+    model.eval()
+    out = model(images)
+    model.train(was)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", help="demo checkpoint (default: train the demo model, 10 epochs)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, timm {timm.__version__}, {args.threads} threads")
+
+    images, labels = embedded_digits()
+    if args.checkpoint:
+        model = load_checkpoint(args.checkpoint).build()
+    else:
+        model, _ = make_digits_vit(0)
+        train_classifier(model, images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN], epochs=10)
+    test_x, test_y = images[DIGITS_TRAIN:], labels[DIGITS_TRAIN:]
+    analysis = bench("demo ViT (depth 12, width 64) on the held-out digits", model, test_x, test_y, args.repeats)
+    print("\ncurves of the demo-trained model:")
+    for metric, values in analysis.layers.items():
+        print(f"  {metric:20s} {' '.join(f'{v:.3f}' for v in values)}")
+    print(f"  phases: {analysis.phases}")
+
+    torch.manual_seed(0)
+    vit_s = timm.create_model("vit_small_patch16_224", pretrained=False).eval()
+    bench("ViT-S/16 at 224 px (random init, timing only)", vit_s, torch.randn(32, 3, 224, 224),
+          torch.arange(32) % 4, max(2, args.repeats // 2), with_naive=False)
+
+
+if __name__ == "__main__":
+    main()
