@@ -82,14 +82,50 @@ def read_raw(path: str | Path) -> dict:
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        if found:
+        if not found:
+            raise CheckpointError(f"{path}: not a readable torch or safetensors checkpoint") from None
+        obj = _read_lightning(path)
+        if obj is None:
             raise CheckpointError(
                 f"{path}: refusing to load: the pickle calls {found.group(1)}, which safe (weights_only) "
                 "loading does not allow") from None
-        raise CheckpointError(f"{path}: not a readable torch or safetensors checkpoint") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a dict of tensors, found {type(obj).__name__}")
     return obj
+
+
+class _Inert:
+    """Stand-in for every global a pickle names outside the allowlist: constructed from anything, does nothing.
+
+    The named class or function is never imported or called, so loading stays as safe as ``weights_only``.
+    """
+
+    def __new__(cls, *args, **kwargs):
+        return super().__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state) -> None:
+        pass
+
+
+def _read_lightning(path: Path) -> dict | None:
+    """The ``state_dict`` of a Lightning checkpoint whose ``hyper_parameters``/``callbacks`` hold types that
+    ``weights_only`` refuses (paths, enums, config classes): those load as inert stand-ins and are dropped.
+    None when the file is no Lightning checkpoint or its state dict itself holds such objects."""
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        with torch.serialization.safe_globals([argparse.Namespace, *((_Inert, name) for name in names)]):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return None
+    if not isinstance(obj, dict) or "pytorch-lightning_version" not in obj:
+        return None
+    state = obj.get("state_dict")
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        return None
+    return {"state_dict": state}
 
 
 def _read_safetensors(path: Path) -> dict:

@@ -96,7 +96,72 @@ def demo(out, epochs, quick, device) -> None:
 
 # --- truncate command (issue 6) goes here ---
 
+from .truncate import DEFAULT_STRATEGY, HEAL_EPOCHS, HEAL_LR, STRATEGIES  # noqa: E402  (option choices)
+
+
+@main.command()
+@click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the truncated checkpoint.")
+@click.option("--analysis", type=click.Path(dir_okay=False, path_type=Path),
+              help="analysis.json of this checkpoint (default: analyse it on --data).")
+@click.option("--data", default="mnist", show_default=True,
+              help="Healing and held-out images: 'mnist' (the embedded digits) or an ImageFolder directory.")
+@click.option("--strategy", type=click.Choice(STRATEGIES), default=DEFAULT_STRATEGY, show_default=True,
+              help="Which blocks to drop.")
+@click.option("--keep", type=int, help="Blocks to keep (default: what the plateau cut leaves).")
+@click.option("--train-last", type=int, help="Kept blocks to fine-tune, counted from the end (default: half).")
+@click.option("--epochs", type=int, default=HEAL_EPOCHS, show_default=True, help="Healing epochs (0: cut only).")
+@click.option("--lr", type=float, default=HEAL_LR, show_default=True, help="Peak healing learning rate.")
+@click.option("--distill", is_flag=True, help="Also distil the uncut model's logits while healing.")
+@click.option("--metric", help="Curve whose plateau sets the cut (default: the analysis's, else token_similarity).")
+@click.option("--images", type=int, default=1000, show_default=True,
+              help="Images for the analysis and the block scores.")
+@click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), default="pt", show_default=True)
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help="Also write the report as JSON.")
+@click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
+@click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Healing order and random strategy seed.")
+@DEVICE
+def truncate(checkpoint, out, analysis, data, strategy, keep, train_last, epochs, lr, distill, metric, images, fmt,
+             report, arch, no_ema, seed, device) -> None:
+    """Cut a trained ViT at its plateau (or by another strategy) and heal it by fine-tuning its late blocks."""
+    from .truncate import report_table, truncate
+
+    result = truncate(checkpoint, out, analysis=analysis, data=data, strategy=strategy, keep=keep,
+                      train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images,
+                      fmt=fmt, report=report, arch=arch, prefer_ema=not no_ema, device=_device(device), seed=seed,
+                      progress=True)
+    click.echo(report_table(result.report))
+    for path in result.paths:
+        click.echo(f"wrote {path}")
+
+
 # --- specialize command (issue 8) goes here ---
+@main.command()
+@click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Output checkpoint (load it back with isiwatch.load_specialized or load_checkpoint().build()).")
+@click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
+@click.option("--norms/--no-norms", default=True, show_default=True,
+              help="Prefix-token affine parameters in every block's norm1 and norm2.")
+@click.option("--qkv-blocks", default="none", show_default=True,
+              help="Blocks whose QKV projection is specialised: none, first_third, a count K or indices 0,1,2.")
+@click.option("--lora-rank", type=click.IntRange(min=1),
+              help="Specialise QKV by a rank-R LoRA update instead of a full copy.")
+@click.option("--layer-scale", is_flag=True, help="Also specialise LayerScale ls1/ls2 (models with init_values).")
+@click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), default="pt", show_default=True)
+@click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
+def specialize(checkpoint, out, arch, norms, qkv_blocks, lora_rank, layer_scale, fmt, no_ema) -> None:
+    """Give [CLS]/prefix tokens their own norms (and QKV) in a ViT checkpoint; same function at conversion."""
+    from .specialize import parse_qkv_blocks, specialize_checkpoint
+
+    report = specialize_checkpoint(checkpoint, out, arch=arch, norms=norms, qkv_blocks=parse_qkv_blocks(qkv_blocks),
+                                   lora_rank=lora_rank, layer_scale=layer_scale, fmt=fmt, prefer_ema=not no_ema)
+    click.echo(f"specialised {report['arch']}: {report['options']}")
+    click.echo(f"parameters {report['base']:,} + {report['added']:,} prefix-token ({100 * report['fraction']:.2f} %); "
+               f"max |output change| at conversion {report['max_abs_diff']:.1e}")
+    click.echo(f"wrote {report['out']}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -54,11 +54,15 @@ def train_classifier(
     on_step: Callable[[int, float], bool | None] | None = None,
     progress: bool = False,
     desc: str = "train",
+    schedule: str = "onecycle",
+    amp: bool = False,
 ) -> int:
-    """AdamW with a one-cycle schedule over ``epochs``; returns the number of optimizer steps taken.
+    """AdamW over ``epochs`` with a one-cycle or cosine learning-rate schedule; returns the optimizer steps.
 
     ``params`` restricts training to a subset (the rest should be frozen by the caller); with ``teacher``
-    the loss adds KL distillation to its logits. ``on_step(step, loss)`` runs after every optimizer step
+    the loss adds KL distillation to its logits. ``schedule="cosine"`` decays ``lr`` to 0 without warm-up
+    (for fine-tuning already trained weights). ``amp`` runs forward passes in bfloat16 autocast when the
+    model is on a CUDA device (ignored on CPU). ``on_step(step, loss)`` runs after every optimizer step
     and may return True to stop training.
     """
     device = next(model.parameters()).device
@@ -66,7 +70,13 @@ def train_classifier(
     steps_per_epoch = (len(images) + batch_size - 1) // batch_size
     total = epochs * steps_per_epoch
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(total, 1))
+    if schedule == "onecycle":
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(total, 1))
+    elif schedule == "cosine":
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(total, 1))
+    else:
+        raise ValueError(f"unknown schedule {schedule!r} (use 'onecycle' or 'cosine')")
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp and device.type == "cuda")
     order_gen = torch.Generator().manual_seed(seed)
     step = 0
     bar = tqdm(total=total, desc=desc, disable=not progress, leave=False)
@@ -76,16 +86,18 @@ def train_classifier(
             for i in range(0, len(images), batch_size):
                 idx = order[i:i + batch_size]
                 x, y = images[idx].to(device), labels[idx].to(device)
-                logits = model(x)
-                loss = F.cross_entropy(logits, y)
-                if teacher is not None:
-                    with torch.no_grad():
-                        target = teacher(x).log_softmax(-1)
-                    loss = loss + F.kl_div(logits.log_softmax(-1), target, log_target=True, reduction="batchmean")
+                with autocast:
+                    logits = model(x).float()
+                    loss = F.cross_entropy(logits, y)
+                    if teacher is not None:
+                        with torch.no_grad():
+                            target = teacher(x).float().log_softmax(-1)
+                        loss = loss + F.kl_div(logits.log_softmax(-1), target, log_target=True,
+                                               reduction="batchmean")
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
-                schedule.step()
+                scheduler.step()
                 step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.3f}")

@@ -1,0 +1,73 @@
+"""What a model costs to run: parameters, FLOPs (``torch.utils.flop_counter``) and measured latency."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs (multiply-add = 2) of everything ``fn`` runs, forward and backward, as counted by
+    ``FlopCounterMode`` (matmuls, convolutions and attention; element-wise ops are not counted)."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+@torch.no_grad()
+def forward_flops(model: nn.Module, images: Tensor) -> int:
+    """FLOPs of one eval-mode forward pass over ``images``."""
+    was_training = model.training
+    model.eval()
+    try:
+        return count_flops(lambda: model(images))
+    finally:
+        model.train(was_training)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def measure_latency(models: Mapping[str, nn.Module], images: Tensor, *, warmup: int = 3,
+                    rounds: int = 20) -> dict[str, float]:
+    """Median wall time in milliseconds of one eval-mode forward pass over ``images`` for each model.
+
+    The models are interleaved (every round runs each once, in a rotating order) so that load from other
+    processes, clock changes and cache effects fall on all of them alike; ``warmup`` untimed rounds first.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    names = list(models)
+    modes = {name: m.training for name, m in models.items()}
+    times: dict[str, list[float]] = {name: [] for name in names}
+    try:
+        for m in models.values():
+            m.eval()
+        for r in range(warmup + rounds):
+            for k in range(len(names)):
+                name = names[(r + k) % len(names)]
+                model = models[name]
+                device = next(model.parameters()).device
+                x = images.to(device)
+                _sync(device)
+                start = time.perf_counter()
+                model(x)
+                _sync(device)
+                if r >= warmup:
+                    times[name].append((time.perf_counter() - start) * 1e3)
+    finally:
+        for name, m in models.items():
+            m.train(modes[name])
+    return {name: statistics.median(values) for name, values in times.items()}
