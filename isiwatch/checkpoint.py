@@ -43,13 +43,18 @@ class Checkpoint:
     metadata: dict = field(default_factory=dict)
 
     def build(self) -> nn.Module:
-        """``timm.create_model(arch, **model_kwargs)`` with the weights loaded strictly."""
+        """``timm.create_model(arch, **model_kwargs)`` (token-specialised when the metadata says so) with the
+        weights loaded strictly."""
         import timm
 
         try:
             model = timm.create_model(self.arch, pretrained=False, **self.model_kwargs)
         except Exception as exc:  # timm raises RuntimeError/KeyError/TypeError for unknown archs/kwargs
             raise CheckpointError(f"{self.path}: cannot build timm model {self.arch!r}: {exc}") from None
+        if "specialize" in self.metadata:  # written by `isiwatch specialize`: re-apply before loading
+            from .specialize import apply_recorded
+
+            apply_recorded(model, self.metadata["specialize"], self.path)
         try:
             model.load_state_dict(self.state_dict, strict=True)
         except RuntimeError as exc:
