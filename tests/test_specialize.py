@@ -6,6 +6,7 @@ import torch
 
 import isiwatch
 from isiwatch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from isiwatch.friction import friction_alert
 from isiwatch.metrics import norm_friction
 from isiwatch.specialize import (
     SpecializeOptions,
@@ -214,3 +215,15 @@ def test_loading_refuses_plain_and_tampered_checkpoints(tmp_path):
     with pytest.raises(ValueError, match="not specialised"):
         save_specialized(tmp_path / "x.pt", build("cls"), "vit_tiny_patch16_224", KWARGS)
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_friction_alert_fires_on_high_friction_only():
+    quiet = [0.01, -0.02, 0.03, float("nan")]
+    assert friction_alert(quiet) is None and friction_alert([]) is None
+    assert friction_alert({"isi": [0.1]}) is None  # no [CLS]: no norm_friction curve
+    alert = friction_alert({"norm_friction": [0.02, 0.35, 0.12, float("nan")]}, threshold=0.1)
+    assert alert["kind"] == "norm_friction_high" and alert["severity"] == "info"
+    assert alert["data"] == {"max_friction": 0.35, "layer": 1, "threshold": 0.1, "blocks_above": [1, 2]}
+    assert "isiwatch specialize" in alert["message"]
+    analysis = isiwatch.analyze(build("cls"), torch.randn(8, 1, 28, 28))
+    assert friction_alert(analysis) is None and friction_alert(analysis, threshold=-1.0) is not None
