@@ -44,7 +44,7 @@ STRATEGIES = ("plateau", "tail", "bi", "angular", "random")
 #: Chosen from the evaluation in ``benchmarks/RESULTS.md`` (see the README's Truncate section).
 DEFAULT_STRATEGY = "plateau"
 #: Healing defaults: a short fine-tune of already trained weights.
-HEAL_EPOCHS = 3
+HEAL_EPOCHS = 2
 HEAL_LR = 1e-3
 #: Modules after the blocks that healing always trains (those the model has).
 HEAD_MODULES = ("norm", "fc_norm", "attn_pool", "head_drop", "head", "head_dist")
@@ -129,6 +129,16 @@ def trainable_modules(model: nn.Module, train_last: int) -> list[nn.Module]:
     return list(blocks[len(blocks) - train_last:]) + heads
 
 
+def prepare_healing(model: nn.Module, train_last: int) -> list[nn.Parameter]:
+    """Freeze ``model`` into eval mode except what healing trains (see :func:`trainable_modules`), which is
+    put in train mode; returns the parameters to optimise."""
+    trainable = trainable_modules(model, train_last)
+    model.requires_grad_(False).eval()
+    for module in trainable:
+        module.requires_grad_(True).train()
+    return [p for module in trainable for p in module.parameters()]
+
+
 def default_train_last(keep: int) -> int:
     """The late half of the kept blocks (rounded up): the same healing budget for every strategy."""
     return math.ceil(keep / 2)
@@ -143,13 +153,9 @@ def heal(model: nn.Module, images: Tensor, labels: Tensor, *, train_last: int, e
     ``teacher`` the loss adds KL distillation to its logits. ``amp``: bfloat16 autocast on CUDA. The model
     is left in eval mode with every parameter trainable again.
     """
-    trainable = trainable_modules(model, train_last)
-    model.requires_grad_(False).eval()
-    for module in trainable:
-        module.requires_grad_(True).train()
+    params = prepare_healing(model, train_last)
     if teacher is not None:
         teacher.eval()
-    params = [p for module in trainable for p in module.parameters()]
     try:
         return train_classifier(model, images, labels, epochs=epochs, lr=lr, params=params, teacher=teacher,
                                 seed=seed, progress=progress, desc="heal", schedule="cosine", amp=amp)
@@ -192,8 +198,9 @@ def _read_analysis(path: Path, depth: int, sha256: str) -> Analysis:
         raise ValueError(f"{path}: not a readable analysis.json ({type(exc).__name__}: {exc})") from None
     if result.model.get("sha256") not in (None, sha256):
         raise ValueError(f"{path}: analysis was computed on a different checkpoint (sha256 differs)")
-    if len(next(iter(result.layers.values()), [])) != depth:
-        raise ValueError(f"{path}: analysis has {result.depth} blocks but the checkpoint has {depth}")
+    blocks = len(next(iter(result.layers.values()), []))
+    if blocks != depth:
+        raise ValueError(f"{path}: analysis has {blocks} blocks but the checkpoint has {depth}")
     return result
 
 

@@ -1,0 +1,274 @@
+"""Truncate evaluation: which blocks to cut from a ViT trained on the embedded digits, and is it worth it?
+
+For each seed: train the demo ViT (12 blocks, width 64, 4 heads, patch 7) on the 4,000 training digits,
+analyse it on 1,000 of them, then for each kept depth K (the plateau cut's own depth "auto", and fixed K)
+cut it with every strategy (plateau, tail, ShortGPT block influence, Gromov angular distance, random) and
+heal each cut with the same budget (the library defaults: the late half of the kept blocks, norm and
+head; HEAL_EPOCHS epochs of AdamW + cosine at HEAL_LR, batch 128). Baseline: a K-block ViT trained from
+scratch with the same total compute, i.e. for as many steps as make its training FLOPs equal to the FLOPs
+of training the full model plus healing the cut (FLOPs of one forward + backward step, each counted
+with torch.utils.flop_counter; optimizer updates are element-wise and not counted). Accuracy is on the
+1,000 held-out digits.
+
+    python benchmarks/bench_truncate.py                      # the README/RESULTS numbers (~25 min, 2 cores)
+    python benchmarks/bench_truncate.py --seeds 0 --epochs 2 --keeps 4 --scratch-keeps   # smoke run
+
+Results are appended per item to ``--work``/items.jsonl (a rerun skips finished items) and summarised
+to ``--out`` (JSON) and stdout (markdown tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from scipy import stats
+
+from isiwatch.analysis import analyze
+from isiwatch.block_scores import boundary_distances
+from isiwatch.cost import count_flops, count_parameters, forward_flops, measure_latency
+from isiwatch.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.phases import Phases
+from isiwatch.training import accuracy, make_digits_vit, predict, train_classifier
+from isiwatch.truncate import (
+    HEAL_EPOCHS,
+    HEAL_LR,
+    STRATEGIES,
+    choose_blocks,
+    cut_vit,
+    default_train_last,
+    heal,
+    plateau_keep,
+    prepare_healing,
+)
+
+BASE_BATCH = 256  # pre-training and scratch batch (fewer, larger steps: per-step overhead dominates on CPU)
+BASE_LR = 3e-3
+HEAL_BATCH = 128  # the library's healing batch
+PHASE_METRICS = ("token_similarity", "probe_cls", "probe_patch_mean", "attn_token_change", "isi")
+
+
+def step_flops(model, x, y) -> int:
+    """FLOPs of one training step's forward and backward with the model's current requires_grad flags."""
+    def step():
+        F.cross_entropy(model(x), y).backward()
+    flops = count_flops(step)
+    model.zero_grad(set_to_none=True)
+    return flops
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and half-width of the 95 % t-interval (nan with one value)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, math.nan
+    return mean, float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+class Items:
+    """Finished results, one JSON object a line, keyed so that a rerun skips them."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.done = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                row = json.loads(line)
+                self.done[row["key"]] = row
+
+    def add(self, row: dict) -> dict:
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        self.done[row["key"]] = row
+        return row
+
+
+def base_model(seed: int, epochs: int, data, work: Path, items: Items):
+    train_x, train_y, test_x, test_y = data
+    model, kwargs = make_digits_vit(seed)
+    path = work / f"base_seed{seed}_e{epochs}.pt"
+    key = f"base/{seed}/{epochs}"
+    if path.exists() and key in items.done:
+        model.load_state_dict(torch.load(path, weights_only=True))
+        return model.eval(), items.done[key]
+    start = time.perf_counter()
+    steps = train_classifier(model, train_x, train_y, epochs=epochs, batch_size=BASE_BATCH, lr=BASE_LR, seed=seed)
+    seconds = time.perf_counter() - start
+    torch.save(model.state_dict(), path)
+    model.eval()
+    analysis = analyze(model, train_x[:1000], train_y[:1000])
+    phases = {m: (p.to_dict() if (p := analysis.detect_phases(m)) else None) for m in PHASE_METRICS}
+    row = {"key": key, "seed": seed, "steps": steps, "seconds": seconds,
+           "accuracy": accuracy(model, test_x, test_y), "phases": phases,
+           "token_similarity": analysis.layers["token_similarity"], "probe_cls": analysis.layers["probe_cls"]}
+    print(f"seed {seed}: base {row['accuracy']:.3f} after {steps} steps ({seconds:.0f} s); "
+          f"plateau {phases['token_similarity']}", flush=True)
+    return model, items.add(row)
+
+
+def run_seed(seed: int, args, data, work: Path, items: Items) -> None:
+    train_x, train_y, test_x, test_y = data
+    model, base = base_model(seed, args.epochs, data, work, items)
+    reference = predict(model, test_x)
+    found = base["phases"]["token_similarity"]
+    phases = Phases(*(tuple(found[k]) if found[k] else None for k in ("plateau", "cliff", "climb"))) if found else None
+    keeps = sorted({*args.keeps, *([plateau_keep(phases, 12)] if phases else [])})
+    distances = boundary_distances(model, train_x[:512])
+    for keep in keeps:
+        for strategy in STRATEGIES:
+            key = f"heal/{seed}/{keep}/{strategy}/{args.epochs}"
+            if key in items.done or (strategy == "plateau" and phases is None):
+                continue
+            kept = choose_blocks(strategy, 12, keep, phases=phases, distances=distances, seed=seed)
+            cut = cut_vit(model, kept)
+            before = predict(cut, test_x)
+            start = time.perf_counter()
+            steps = heal(cut, train_x, train_y, train_last=default_train_last(keep), seed=seed)
+            after = predict(cut, test_x)
+            row = items.add({"key": key, "seed": seed, "keep": keep, "strategy": strategy, "kept": kept,
+                             "auto": phases is not None and keep == plateau_keep(phases, 12),
+                             "cut": float((before == test_y).float().mean()),
+                             "healed": float((after == test_y).float().mean()),
+                             "agreement": float((after == reference).float().mean()),
+                             "heal_steps": steps, "heal_seconds": time.perf_counter() - start})
+            print(f"seed {seed} K={keep} {strategy:8s} kept {kept}: cut {row['cut']:.3f} → healed "
+                  f"{row['healed']:.3f}", flush=True)
+    for keep in sorted({plateau_keep(phases, 12) if k == "auto" else int(k) for k in args.scratch_keeps
+                        if k != "auto" or phases}):
+        key = f"scratch/{seed}/{keep}/{args.epochs}"
+        if key not in items.done:
+            scratch(seed, keep, base, model, args, data, items, key, auto=phases is not None
+                    and keep == plateau_keep(phases, 12))
+
+
+def scratch(seed: int, keep: int, base: dict, full, args, data, items: Items, key: str, auto: bool) -> None:
+    """A ``keep``-block ViT trained from scratch on the FLOPs of full training + healing."""
+    train_x, train_y, test_x, test_y = data
+    xb, yb = train_x[:BASE_BATCH], train_y[:BASE_BATCH]
+    full_step = step_flops(full.train(), xb, yb)
+    full.eval()
+    cut = cut_vit(full, list(range(keep)))
+    prepare_healing(cut, default_train_last(keep))
+    heal_step = step_flops(cut, xb[:HEAL_BATCH], yb[:HEAL_BATCH])
+    heal_steps = HEAL_EPOCHS * math.ceil(len(train_x) / HEAL_BATCH)
+    budget = base["steps"] * full_step + heal_steps * heal_step
+    model, _ = make_digits_vit(seed, depth=keep)
+    small_step = step_flops(model.train(), xb, yb)
+    steps_per_epoch = math.ceil(len(train_x) / BASE_BATCH)
+    epochs = max(1, round(budget / small_step / steps_per_epoch))
+    start = time.perf_counter()
+    steps = train_classifier(model, train_x, train_y, epochs=epochs, batch_size=BASE_BATCH, lr=BASE_LR, seed=seed)
+    row = items.add({"key": key, "seed": seed, "keep": keep, "auto": auto, "strategy": "scratch", "epochs": epochs,
+                     "steps": steps, "healed": accuracy(model, test_x, test_y),
+                     "flops_ratio": steps * small_step / budget, "budget_flops": budget,
+                     "seconds": time.perf_counter() - start})
+    print(f"seed {seed} K={keep} scratch {epochs} epochs ({row['flops_ratio']:.2f}× budget): "
+          f"{row['healed']:.3f}", flush=True)
+
+
+def costs(keeps: list[int], test_x) -> list[dict]:
+    """Parameters, FLOPs per image and interleaved median latency (batch 64 and 1) per depth."""
+    models = {k: make_digits_vit(0, depth=k)[0].eval() for k in [12, *keeps]}
+    rows = [{"blocks": k, "parameters": count_parameters(m), "flops_per_image": forward_flops(m, test_x[:1])}
+            for k, m in models.items()]
+    for batch in (64, 1):
+        latency = measure_latency({str(k): m for k, m in models.items()}, test_x[:batch], warmup=5, rounds=30)
+        for row in rows:
+            row[f"latency_ms_b{batch}"] = latency[str(row["blocks"])]
+    return rows
+
+
+def fmt(values: list[float]) -> str:
+    mean, half = mean_ci([100 * v for v in values])
+    return f"{mean:.1f} ± {half:.1f}" if math.isfinite(half) else f"{mean:.1f}"
+
+
+def summarise(items: Items, args) -> dict:
+    rows = list(items.done.values())
+    bases = [r for r in rows if r["key"].startswith("base/") and r["seed"] in args.seeds]
+    heals = [r for r in rows if r["key"].startswith("heal/") and r["seed"] in args.seeds
+             and r["key"].endswith(f"/{args.epochs}")]
+    scratches = [r for r in rows if r["key"].startswith("scratch/") and r["seed"] in args.seeds
+                 and r["key"].endswith(f"/{args.epochs}")]
+    lines = [f"Base models: {fmt([b['accuracy'] for b in bases])} % held-out accuracy "
+             f"(seeds {', '.join(str(b['seed']) for b in bases)}; mean ± 95 % t-interval)."]
+    for b in bases:
+        lines.append(f"- seed {b['seed']}: {100 * b['accuracy']:.1f} %, token_similarity plateau "
+                     f"{b['phases']['token_similarity']}")
+    groups = [("auto", [r for r in heals if r["auto"]])]
+    groups += [(str(k), [r for r in heals if r["keep"] == k]) for k in sorted({r["keep"] for r in heals})]
+    header = "| kept K | strategy | seeds | cut, no healing (%) | healed (%) | agreement with uncut (%) |"
+    lines += ["", header, "|---|---|---|---|---|---|"]
+    for label, group in groups:
+        for strategy in STRATEGIES:
+            sel = [r for r in group if r["strategy"] == strategy]
+            if sel:
+                ks = sorted({r["keep"] for r in sel})
+                lines.append(f"| {label if label != 'auto' else 'plateau depth ' + '/'.join(map(str, ks))} | "
+                             f"{strategy} | {len(sel)} | {fmt([r['cut'] for r in sel])} | "
+                             f"{fmt([r['healed'] for r in sel])} | {fmt([r['agreement'] for r in sel])} |")
+        sel = [r for r in scratches if (r["auto"] if label == "auto" else r["keep"] == int(label))]
+        if sel:
+            ratio = statistics.fmean(r["flops_ratio"] for r in sel)
+            lines.append(f"| {label} | scratch (same FLOPs, {ratio:.2f}×) | {len(sel)} | – | "
+                         f"{fmt([r['healed'] for r in sel])} | – |")
+    wins = paired_wins(heals + scratches)
+    lines += ["", "Paired differences, plateau minus each baseline (healed accuracy, points, same seed and K):"]
+    lines += [f"- vs {s}: {fmt(d)} over {len(d)} pairs" for s, d in wins.items()]
+    return {"lines": lines, "bases": bases, "heals": heals, "scratch": scratches, "paired": wins}
+
+
+def paired_wins(heals: list[dict]) -> dict[str, list[float]]:
+    by = {(r["seed"], r["keep"], r["strategy"]): r["healed"] for r in heals}
+    out = {}
+    for strategy in (*STRATEGIES[1:], "scratch"):
+        out[strategy] = [by[(s, k, "plateau")] - v for (s, k, st), v in by.items()
+                         if st == strategy and (s, k, "plateau") in by]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--epochs", type=int, default=10, help="pre-training epochs of the 12-block model")
+    parser.add_argument("--keeps", type=int, nargs="*", default=[4], help="kept depths besides the plateau's")
+    parser.add_argument("--scratch-keeps", nargs="*", default=["auto", "4"],
+                        help="depths of the from-scratch baseline ('auto': the plateau cut's depth)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/isiwatch-bench-truncate"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("bench_truncate_results.json"))
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads; 1 because on a shared, oversubscribed 2-core machine two threads "
+                             "spin-wait (measured 100× slower forwards under load)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    args.work.mkdir(parents=True, exist_ok=True)
+    images, labels = embedded_digits()
+    data = images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN], images[DIGITS_TRAIN:], labels[DIGITS_TRAIN:]
+    items = Items(args.work / "items.jsonl")
+    start = time.perf_counter()
+    for seed in args.seeds:
+        run_seed(seed, args, data, args.work, items)
+    keeps = sorted({r["keep"] for r in items.done.values() if r["key"].startswith("heal/")})
+    cost_rows = costs(keeps, data[2])
+    summary = summarise(items, args)
+    lines = summary.pop("lines")
+    lines += ["", "| blocks | params | MFLOPs/img | latency ms, batch 64 | latency ms, batch 1 |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {r['blocks']} | {r['parameters']:,} | {r['flops_per_image'] / 1e6:.2f} | "
+              f"{r['latency_ms_b64']:.1f} | {r['latency_ms_b1']:.2f} |" for r in cost_rows]
+    minutes = (time.perf_counter() - start) / 60
+    lines.append(f"\n(run: {minutes:.1f} min this invocation, torch threads {args.threads}, "
+                 f"heal {HEAL_EPOCHS} epochs at lr {HEAL_LR}, base {args.epochs} epochs batch {BASE_BATCH})")
+    print("\n".join(lines))
+    args.out.write_text(json.dumps({**summary, "costs": cost_rows, "args": {k: str(v) for k, v in vars(args).items()},
+                                    "markdown": lines}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

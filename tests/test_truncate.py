@@ -1,0 +1,262 @@
+"""`isiwatch truncate`: block choice per strategy, the cut, healing, the output file and refusals."""
+
+import argparse
+import enum
+import hashlib
+import json
+import pathlib
+import shutil
+from dataclasses import dataclass
+
+import pytest
+import timm
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from isiwatch.block_scores import BoundaryDistances, angular_distance, block_influence, boundary_distances
+from isiwatch.checkpoint import load_checkpoint, read_raw
+from isiwatch.cli import main
+from isiwatch.cost import count_flops, forward_flops, measure_latency
+from isiwatch.phases import Phases
+from isiwatch.truncate import choose_blocks, cut_vit, heal, plateau_keep, truncate
+
+ARCH = "vit_tiny_patch16_224"
+KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=8, num_heads=2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread here: with two, every small forward spin-waits when the shared 2-core machine is busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def vit():
+    torch.manual_seed(0)
+    return timm.create_model(ARCH, pretrained=False, **KWARGS).eval()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """40 labelled 28×28 random-noise PNGs in an ImageFolder tree (fast to load; the labels carry no signal)."""
+    root = tmp_path_factory.mktemp("data")
+    gen = torch.Generator().manual_seed(0)
+    for i in range(40):
+        (root / str(i % 10)).mkdir(exist_ok=True)
+        pixels = torch.randint(0, 256, (28, 28), generator=gen, dtype=torch.uint8).numpy()
+        Image.fromarray(pixels).save(root / str(i % 10) / f"{i}.png")
+    return root
+
+
+@pytest.fixture
+def timm_ckpt(vit, tmp_path):
+    """An 8-block checkpoint as timm's train.py writes it (EMA weights differ from the raw ones)."""
+    ema = {k: v + 0.01 if v.is_floating_point() else v for k, v in vit.state_dict().items()}
+    path = tmp_path / "checkpoint-9.pth.tar"
+    torch.save({"epoch": 9, "arch": ARCH, "args": argparse.Namespace(model=ARCH, model_kwargs={"num_heads": 2}),
+                "state_dict": vit.state_dict(), "state_dict_ema": ema, "version": 2}, path)
+    return path, ema
+
+
+def digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_tail_keep_4_writes_a_strict_timm_checkpoint_and_leaves_the_input_alone(timm_ckpt, folder, tmp_path):
+    path, ema = timm_ckpt
+    before = digest(path)
+    out = tmp_path / "cut.pt"
+    result = run("truncate", path, "--strategy", "tail", "--keep", 4, "--epochs", 0, "--out", out, "--data", folder,
+                 "--report", tmp_path / "report.json")
+    assert result.exit_code == 0, result.output
+    assert digest(path) == before
+    saved = torch.load(out, weights_only=True)
+    assert saved["isiwatch"]["kept_blocks"] == [0, 1, 2, 3]
+    assert saved["isiwatch"]["source_sha256"] == before
+    model = timm.create_model(saved["arch"], **saved["model_kwargs"])
+    model.load_state_dict(saved["state_dict"], strict=True)
+    assert len(model.blocks) == 4
+    # no healing: the kept blocks are the source's EMA weights, unchanged
+    assert torch.equal(saved["state_dict"]["blocks.3.mlp.fc2.weight"], ema["blocks.3.mlp.fc2.weight"])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["cost"]["uncut"]["blocks"] == 8 and report["cost"]["truncated"]["blocks"] == 4
+    assert report["cost"]["truncated"]["flops_per_image"] < report["cost"]["uncut"]["flops_per_image"]
+    assert report["accuracy"]["cut"] == report["accuracy"]["healed"]
+    assert "kept blocks 0, 1, 2, 3 (tail)" in result.output
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--keep", 0], "--keep must be between 1 and 7"),
+    (["--keep", 8], "--keep must be between 1 and 7"),
+    (["--keep", 12], "--keep must be between 1 and 7"),
+])
+def test_bad_keep_is_refused_without_output(timm_ckpt, tmp_path, extra, message):
+    path, _ = timm_ckpt
+    out = tmp_path / "cut.pt"
+    result = run("truncate", path, "--strategy", "tail", "--out", out, *extra)
+    assert result.exit_code == 1
+    assert result.output.strip().count("\n") == 0 and message in result.output
+    assert not out.exists() and list(tmp_path.iterdir()) == [path]
+
+
+def test_foreign_corrupt_and_self_overwriting_inputs_are_refused(timm_ckpt, tmp_path):
+    path, _ = timm_ckpt
+    resnet = tmp_path / "resnet.pt"
+    torch.save(timm.create_model("resnet18", pretrained=False, num_classes=10).state_dict(), resnet)
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(path.read_bytes()[:300])
+    cases = {resnet: "not a ViT checkpoint", corrupt: "not a readable", tmp_path / "missing.pt": "no such"}
+    for source, message in cases.items():
+        result = run("truncate", source, "--keep", 2, "--strategy", "tail", "--out", tmp_path / "o.pt")
+        assert result.exit_code == 1 and message in result.output, result.output
+        assert result.output.strip().count("\n") == 0
+    before = digest(path)
+    result = run("truncate", path, "--keep", 2, "--strategy", "tail", "--out", path)
+    assert result.exit_code == 1 and "refusing to overwrite the input" in result.output
+    assert digest(path) == before and not (tmp_path / "o.pt").exists()
+
+
+def test_choose_blocks_per_strategy():
+    phases = Phases(plateau=(2, 6), cliff=(0, 1), climb=(7, 11))
+    assert plateau_keep(phases, 12) == 8
+    # block 2 already reached the plateau level; 3..6 only keep it there
+    assert choose_blocks("plateau", 12, 8, phases=phases) == [0, 1, 2, 7, 8, 9, 10, 11]
+    assert choose_blocks("plateau", 12, 10, phases=phases) == [0, 1, 2, 3, 6, 7, 8, 9, 10, 11]
+    assert choose_blocks("tail", 12, 5) == [0, 1, 2, 3, 4]
+    cosine = torch.eye(13)
+    cosine[torch.arange(12), torch.arange(1, 13)] = torch.tensor([.1, .2, .3, .9, .95, .4, .5, .6, .7, .8, .2, .1])
+    angle = torch.ones(13, 13)
+    angle[3, 6] = 0.05  # blocks 3, 4, 5 together change the stream least
+    dist = BoundaryDistances(cosine, angle)
+    assert block_influence(dist)[4] == pytest.approx(0.05)
+    assert choose_blocks("bi", 12, 10, distances=dist) == [0, 1, 2, 5, 6, 7, 8, 9, 10, 11]
+    assert angular_distance(dist, 3).argmin() == 3
+    assert choose_blocks("angular", 12, 9, distances=dist) == [0, 1, 2, 6, 7, 8, 9, 10, 11]
+    rand = choose_blocks("random", 12, 6, seed=3)
+    assert len(rand) == 6 and rand == choose_blocks("random", 12, 6, seed=3) != choose_blocks("random", 12, 6)
+    with pytest.raises(ValueError, match="needs phases"):
+        choose_blocks("plateau", 12, 8)
+    with pytest.raises(ValueError, match="keep must be between"):
+        choose_blocks("tail", 12, 12)
+
+
+def test_boundary_distances_of_a_real_vit(vit):
+    x = torch.randn(10, 1, 28, 28)
+    dist = boundary_distances(vit, x, batch_size=4)
+    assert dist.cosine.shape == (9, 9) and torch.allclose(dist.cosine.diagonal(), torch.ones(9, dtype=torch.float64))
+    assert ((dist.angle >= 0) & (dist.angle <= 1)).all()
+    assert torch.allclose(dist.cosine, dist.cosine.T)
+
+
+def test_cut_vit_runs_the_kept_blocks_and_leaves_the_source(vit):
+    x = torch.randn(3, 1, 28, 28)
+    cut = cut_vit(vit, [0, 2, 5])
+    assert len(vit.blocks) == 8 and len(cut.blocks) == 3
+    with torch.no_grad():
+        h = vit.norm_pre(vit._pos_embed(vit.patch_embed(x)))
+        for i in (0, 2, 5):
+            h = vit.blocks[i](h)
+        expected = vit.forward_head(vit.norm(h))
+        assert torch.allclose(cut(x), expected, atol=1e-5)
+    cut.blocks[0].mlp.fc1.weight.data.zero_()
+    assert vit.blocks[0].mlp.fc1.weight.abs().sum() > 0
+
+
+def test_heal_trains_only_the_late_blocks_with_frozen_parts_in_eval_mode(vit):
+    images, labels = torch.randn(256, 1, 28, 28), torch.randint(0, 10, (256,))
+    cut = cut_vit(vit, [0, 1, 4, 7])
+    frozen = {k: v.clone() for k, v in cut.state_dict().items()}
+    modes = {"early": [], "late": []}
+    cut.blocks[1].register_forward_pre_hook(lambda m, a: modes["early"].append(m.training))
+    cut.blocks[3].register_forward_pre_hook(lambda m, a: modes["late"].append(m.training))
+    steps = heal(cut, images[:256], labels[:256], train_last=2, epochs=2, lr=3e-3)
+    assert steps == 4 and modes["early"] == [False] * 4 and modes["late"] == [True] * 4
+    changed = {k for k, v in cut.state_dict().items() if not torch.equal(v, frozen[k])}
+    assert changed and all(k.startswith(("blocks.2.", "blocks.3.", "norm.", "head.")) for k in changed)
+    assert {"blocks.2.attn.qkv.weight", "blocks.3.mlp.fc1.weight", "head.weight"} <= changed
+    assert not cut.training and all(p.requires_grad for p in cut.parameters())
+
+
+def test_plateau_cut_from_analysis_json_heals_on_an_image_folder(vit, folder, tmp_path):
+    ckpt = tmp_path / "m.pt"
+    torch.save({"arch": ARCH, "model_kwargs": {**KWARGS, "num_classes": 10}, "state_dict": vit.state_dict()}, ckpt)
+    curve = [0.1, 0.3, 0.5, 0.5, 0.5, 0.5, 0.7, 0.9]
+    analysis = {"model": {"depth": 8}, "layers": [{"index": i, "token_similarity": v} for i, v in enumerate(curve)],
+                "phases": {"metric": "token_similarity"}}
+    (tmp_path / "analysis.json").write_text(json.dumps(analysis))
+    result = truncate(ckpt, tmp_path / "cut.safetensors", analysis=tmp_path / "analysis.json",
+                      data=str(folder), epochs=1, distill=True, fmt="safetensors",
+                      report=tmp_path / "r.json")
+    assert result.report["phases"]["plateau"] == [2, 5]
+    assert result.report["kept_blocks"] == [0, 1, 2, 6, 7] and result.report["train_last"] == 3
+    assert result.report["healing_steps"] == 1 and result.report["held_out_images"] == 8
+    loaded = load_checkpoint(tmp_path / "cut.safetensors")
+    assert loaded.metadata["kept_blocks"] == [0, 1, 2, 6, 7] and loaded.model_kwargs["depth"] == 5
+    assert len(loaded.build().blocks) == 5
+    assert json.loads((tmp_path / "r.json").read_text())["accuracy"].keys() == {"uncut", "cut", "healed"}
+
+    bad = {**analysis, "layers": analysis["layers"][:6]}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="6 blocks but the checkpoint has 8"):
+        truncate(ckpt, tmp_path / "x.pt", analysis=tmp_path / "bad.json", data=str(folder))
+    flat = {**analysis, "layers": [{"index": i, "token_similarity": 0.1 * i} for i in range(8)]}
+    (tmp_path / "flat.json").write_text(json.dumps(flat))
+    with pytest.raises(ValueError, match="no plateau in the token_similarity curve"):
+        truncate(ckpt, tmp_path / "x.pt", analysis=tmp_path / "flat.json", data=str(folder))
+    assert not (tmp_path / "x.pt").exists()
+
+
+class Mode(enum.Enum):
+    FAST = 1
+
+
+@dataclass
+class Config:
+    width: int = 64
+
+
+class Boom:
+    """Unpickling this would create ``path``: proof that the inert loader never calls a global."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (shutil.copyfile, (__file__, str(self.path)))
+
+
+def test_lightning_ckpt_with_foreign_hyper_parameters_loads_inertly(vit, tmp_path):
+    marker = tmp_path / "ran"
+    path = tmp_path / "epoch=3.ckpt"
+    torch.save({"pytorch-lightning_version": "2.6.6", "epoch": 3,
+                "state_dict": {f"model.{k}": v for k, v in vit.state_dict().items()},
+                "hyper_parameters": {"root": pathlib.Path("/data"), "mode": Mode.FAST, "hook": Boom(marker),
+                                     "config": Config(), "act": torch.nn.GELU}}, path)
+    ckpt = load_checkpoint(path, arch=ARCH)
+    assert ckpt.model_kwargs["depth"] == 8 and not marker.exists()
+    assert torch.equal(ckpt.state_dict["cls_token"], vit.state_dict()["cls_token"])
+    ckpt.model_kwargs["num_heads"] = 2  # not recoverable from shapes
+    assert len(cut_vit(ckpt.build(), [0, 5]).blocks) == 2
+    # a foreign object inside the state dict itself, or a non-Lightning pickle, is still refused
+    torch.save({"pytorch-lightning_version": "2.6.6", "state_dict": {"w": Boom(marker)}}, tmp_path / "bad.ckpt")
+    torch.save({"state_dict": vit.state_dict(), "extra": Boom(marker)}, tmp_path / "plain.pt")
+    for bad in ("bad.ckpt", "plain.pt"):
+        with pytest.raises(ValueError, match="refusing to load"):
+            read_raw(tmp_path / bad)
+    assert not marker.exists()
+
+
+def test_cost_helpers():
+    layer = torch.nn.Linear(8, 4)
+    assert count_flops(lambda: layer(torch.randn(5, 8))) == 2 * 5 * 8 * 4
+    assert forward_flops(layer, torch.randn(3, 8)) == 2 * 3 * 8 * 4 and layer.training
+    latency = measure_latency({"a": layer, "b": torch.nn.Linear(8, 4)}, torch.randn(2, 8), warmup=1, rounds=3)
+    assert set(latency) == {"a", "b"} and all(v > 0 for v in latency.values())
