@@ -89,6 +89,10 @@ def _timm_blocks(model: nn.Module) -> tuple[list[nn.Module], int]:
     parts = vit_parts(model)
     if parts.family != "timm":
         raise ValueError(f"specialize supports timm ViTs; this is a {parts.family} model")
+    for index, bp in enumerate(parts.blocks):
+        if not all(hasattr(bp.block, n) for n in ("norm1", "norm2")) or not hasattr(bp.block.attn, "qkv"):
+            raise ValueError(f"block {index} ({type(bp.block).__name__}) is not a pre-norm timm Block with "
+                             "norm1, norm2 and attn.qkv")
     if parts.num_prefix_tokens == 0:
         raise ValueError("the model has no prefix tokens ([CLS], distillation or register tokens) to specialise")
     return [bp.block for bp in parts.blocks], parts.num_prefix_tokens
