@@ -11,6 +11,7 @@ with torch.utils.flop_counter; optimizer updates are element-wise and not counte
 1,000 held-out digits.
 
     python benchmarks/bench_truncate.py                      # the README/RESULTS numbers (~25 min, 2 cores)
+    python benchmarks/bench_truncate.py --scratch-keeps auto 4   # adds a 4-block scratch baseline (+~8 min)
     python benchmarks/bench_truncate.py --seeds 0 --epochs 2 --keeps 4 --scratch-keeps   # smoke run
 
 Results are appended per item to ``--work``/items.jsonl (a rerun skips finished items) and summarised
@@ -160,15 +161,16 @@ def scratch(seed: int, keep: int, base: dict, full, args, data, items: Items, ke
     budget = base["steps"] * full_step + heal_steps * heal_step
     model, _ = make_digits_vit(seed, depth=keep)
     small_step = step_flops(model.train(), xb, yb)
-    steps_per_epoch = math.ceil(len(train_x) / BASE_BATCH)
-    epochs = max(1, round(budget / small_step / steps_per_epoch))
+    budget_steps = round(budget / small_step)
+    epochs = math.ceil(budget_steps / math.ceil(len(train_x) / BASE_BATCH))
     start = time.perf_counter()
-    steps = train_classifier(model, train_x, train_y, epochs=epochs, batch_size=BASE_BATCH, lr=BASE_LR, seed=seed)
+    steps = train_classifier(model, train_x, train_y, epochs=epochs, batch_size=BASE_BATCH, lr=BASE_LR, seed=seed,
+                             max_steps=budget_steps)
     row = items.add({"key": key, "seed": seed, "keep": keep, "auto": auto, "strategy": "scratch", "epochs": epochs,
                      "steps": steps, "healed": accuracy(model, test_x, test_y),
                      "flops_ratio": steps * small_step / budget, "budget_flops": budget,
                      "seconds": time.perf_counter() - start})
-    print(f"seed {seed} K={keep} scratch {epochs} epochs ({row['flops_ratio']:.2f}× budget): "
+    print(f"seed {seed} K={keep} scratch {steps} steps ({row['flops_ratio']:.2f}× budget): "
           f"{row['healed']:.3f}", flush=True)
 
 
@@ -201,8 +203,8 @@ def summarise(items: Items, args) -> dict:
     for b in bases:
         lines.append(f"- seed {b['seed']}: {100 * b['accuracy']:.1f} %, token_similarity plateau "
                      f"{b['phases']['token_similarity']}")
-    groups = [("auto", [r for r in heals if r["auto"]])]
-    groups += [(str(k), [r for r in heals if r["keep"] == k]) for k in sorted({r["keep"] for r in heals})]
+    groups = [("auto", [r for r in heals if r["auto"]])] + [(str(k), [r for r in heals if r["keep"] == k])
+                                                            for k in args.keeps]
     header = "| kept K | strategy | seeds | cut, no healing (%) | healed (%) | agreement with uncut (%) |"
     lines += ["", header, "|---|---|---|---|---|---|"]
     for label, group in groups:
@@ -220,7 +222,7 @@ def summarise(items: Items, args) -> dict:
                          f"{fmt([r['healed'] for r in sel])} | – |")
     wins = paired_wins(heals + scratches)
     lines += ["", "Paired differences, plateau minus each baseline (healed accuracy, points, same seed and K):"]
-    lines += [f"- vs {s}: {fmt(d)} over {len(d)} pairs" for s, d in wins.items()]
+    lines += [f"- vs {s}: {fmt(d)} over {len(d)} pairs" for s, d in wins.items() if d]
     return {"lines": lines, "bases": bases, "heals": heals, "scratch": scratches, "paired": wins}
 
 
@@ -236,9 +238,9 @@ def paired_wins(heals: list[dict]) -> dict[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=10, help="pre-training epochs of the 12-block model")
+    parser.add_argument("--epochs", type=int, default=8, help="pre-training epochs of the 12-block model")
     parser.add_argument("--keeps", type=int, nargs="*", default=[4], help="kept depths besides the plateau's")
-    parser.add_argument("--scratch-keeps", nargs="*", default=["auto", "4"],
+    parser.add_argument("--scratch-keeps", nargs="*", default=["auto"],
                         help="depths of the from-scratch baseline ('auto': the plateau cut's depth)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/isiwatch-bench-truncate"))
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("bench_truncate_results.json"))

@@ -56,19 +56,21 @@ def train_classifier(
     desc: str = "train",
     schedule: str = "onecycle",
     amp: bool = False,
+    max_steps: int | None = None,
 ) -> int:
     """AdamW over ``epochs`` with a one-cycle or cosine learning-rate schedule; returns the optimizer steps.
 
     ``params`` restricts training to a subset (the rest should be frozen by the caller); with ``teacher``
     the loss adds KL distillation to its logits. ``schedule="cosine"`` decays ``lr`` to 0 without warm-up
     (for fine-tuning already trained weights). ``amp`` runs forward passes in bfloat16 autocast when the
-    model is on a CUDA device (ignored on CPU). ``on_step(step, loss)`` runs after every optimizer step
-    and may return True to stop training.
+    model is on a CUDA device (ignored on CPU). ``max_steps`` ends training after that many optimizer
+    steps, with the schedule spanning them. ``on_step(step, loss)`` runs after every optimizer step and may
+    return True to stop training.
     """
     device = next(model.parameters()).device
     params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
     steps_per_epoch = (len(images) + batch_size - 1) // batch_size
-    total = epochs * steps_per_epoch
+    total = epochs * steps_per_epoch if max_steps is None else min(epochs * steps_per_epoch, max_steps)
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     if schedule == "onecycle":
         scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(total, 1))
@@ -101,7 +103,7 @@ def train_classifier(
                 step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.3f}")
-                if on_step is not None and on_step(step, float(loss)):
+                if (on_step is not None and on_step(step, float(loss))) or step == total:
                     return step
     finally:
         bar.close()

@@ -19,6 +19,7 @@ from isiwatch.checkpoint import load_checkpoint, read_raw
 from isiwatch.cli import main
 from isiwatch.cost import count_flops, forward_flops, measure_latency
 from isiwatch.phases import Phases
+from isiwatch.training import train_classifier
 from isiwatch.truncate import choose_blocks, cut_vit, heal, plateau_keep, truncate
 
 ARCH = "vit_tiny_patch16_224"
@@ -260,3 +261,12 @@ def test_cost_helpers():
     assert forward_flops(layer, torch.randn(3, 8)) == 2 * 3 * 8 * 4 and layer.training
     latency = measure_latency({"a": layer, "b": torch.nn.Linear(8, 4)}, torch.randn(2, 8), warmup=1, rounds=3)
     assert set(latency) == {"a", "b"} and all(v > 0 for v in latency.values())
+
+
+def test_train_classifier_stops_at_max_steps_and_rejects_unknown_schedules():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 10))
+    x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+    assert train_classifier(model, x, y, epochs=5, batch_size=16, max_steps=7, schedule="cosine") == 7
+    assert train_classifier(model, x, y, epochs=2, batch_size=16) == 8
+    with pytest.raises(ValueError, match="unknown schedule"):
+        train_classifier(model, x, y, epochs=1, schedule="step")
