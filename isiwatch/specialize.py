@@ -13,7 +13,6 @@ re-applies them before loading the weights strictly, so ``load_checkpoint(path).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -66,7 +65,8 @@ def _is_int(value) -> bool:
 
 
 def resolve_qkv_blocks(qkv_blocks: QkvBlocks, depth: int) -> tuple[int, ...]:
-    """Block indices for ``qkv_blocks``: None → none, ``"first_third"`` → the first ⌈depth/3⌉ blocks,
+    """Block indices for ``qkv_blocks``: None → none, ``"first_third"`` → the first round(depth/3) blocks
+    (at least one; 4 of 12, 2 of 6, 1 of 4),
     an int k → the first k blocks, a sequence → those indices."""
     if qkv_blocks is None:
         return ()
@@ -74,7 +74,7 @@ def resolve_qkv_blocks(qkv_blocks: QkvBlocks, depth: int) -> tuple[int, ...]:
         if qkv_blocks != FIRST_THIRD:
             raise ValueError(f"qkv_blocks must be {FIRST_THIRD!r}, a block count or a list of blocks, "
                              f"got {qkv_blocks!r}")
-        return tuple(range(math.ceil(depth / 3)))
+        return tuple(range(max(1, round(depth / 3))))
     if _is_int(qkv_blocks):
         if not 0 <= qkv_blocks <= depth:
             raise ValueError(f"qkv_blocks={qkv_blocks}: the model has {depth} blocks")

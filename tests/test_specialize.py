@@ -175,7 +175,7 @@ def test_models_without_prefix_tokens_or_already_specialised_are_refused():
 
 def test_resolve_and_parse_qkv_blocks():
     assert resolve_qkv_blocks("first_third", 12) == (0, 1, 2, 3)
-    assert resolve_qkv_blocks("first_third", 4) == (0, 1)
+    assert resolve_qkv_blocks("first_third", 4) == (0,) and resolve_qkv_blocks("first_third", 2) == (0,)
     assert resolve_qkv_blocks(2, 6) == (0, 1) and resolve_qkv_blocks(None, 6) == ()
     assert resolve_qkv_blocks([5, 1], 6) == (1, 5)
     assert [parse_qkv_blocks(t) for t in ("none", "first_third", "3", "0,2")] == [None, "first_third", 3, [0, 2]]
