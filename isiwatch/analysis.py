@@ -13,12 +13,14 @@ from .metrics import BLOCK_METRICS, block_metrics, isi, token_similarity
 from .phases import Phases, detect_phases
 from .probes import probe_accuracy, split_indices
 from .recon import DEFAULT_RECON_COMPONENTS, isi_recon
-from .taps import BlockTensors, Tap, ViTParts, vit_parts
+from .taps import BlockTensors, Tap, ViTParts, unwrap_model, vit_parts
 
 #: Every per-layer metric name, in report order.
 METRICS = (*BLOCK_METRICS, "probe_cls", "probe_patch_mean", "isi_recon")
 #: The curve phases, alerts and truncation use unless told otherwise (the paper's phase curve).
 DEFAULT_PHASE_METRIC = "token_similarity"
+#: Phase-detection defaults for metric curves: changes below 0.01 (all metrics are O(1)) are noise.
+DEFAULT_PHASE_OPTIONS = {"min_layers": 3, "min_range": 0.01}
 STEM_POINTS = ("pre_pe", "embed")
 
 
@@ -52,7 +54,7 @@ class Analysis:
         curve = self.curve(metric or self.phase_metric)
         if len(curve) < 4 or not all(math.isfinite(v) for v in curve):
             return None
-        return detect_phases(curve, **options)
+        return detect_phases(curve, **{**DEFAULT_PHASE_OPTIONS, **options})
 
     def to_dict(self) -> dict:
         """The ``analysis.json`` schema; non-finite numbers become null."""
@@ -120,6 +122,8 @@ class _Collector:
             self.cls_feats[row - 1, rows] = tokens[:, 0]
 
     def _recon(self, tokens: Tensor) -> float:
+        if not (torch.isfinite(tokens).all() and torch.isfinite(self.embeddings).all()):
+            return math.nan
         train, test = self.chunk_split
         return isi_recon(tokens, self.embeddings, train, test, self.recon_k) * self.chunk
 
@@ -169,6 +173,7 @@ def analyze(
         raise ValueError(f"images must be a non-empty (B,C,H,W) tensor, got shape {tuple(images.shape)}")
     if labels is not None and len(labels) != len(images):
         raise ValueError(f"{len(labels)} labels for {len(images)} images")
+    model = unwrap_model(model)
     parts = parts or vit_parts(model)
     if parts.patch_embed is None and with_isi_recon:
         raise ValueError("isi_recon needs the patch embeddings, but this model exposes no patch embedding")

@@ -74,14 +74,17 @@ def detect_phases(
     flat_tolerance: float = 0.2,
     slope_ratio: float = 0.35,
     min_gain: float = 0.03,
+    min_range: float = 0.0,
 ) -> Phases | None:
     """Segment ``curve`` (one value per block) into Cliff, Plateau and Climb.
 
     ``min_layers``: shortest plateau, in blocks. ``flat_tolerance``: the plateau's fitted drift end to end,
     as a fraction of the curve's range. ``slope_ratio``: the plateau's slope relative to the steeper of
     the neighbouring pieces. ``min_gain``: how much more of the curve's variance the three-piece fit must
-    explain than one straight line. Returns None for curves without a plateau
-    (including constant curves); raises ValueError for curves shorter than 4 points or with NaN/Inf.
+    explain than one straight line. ``min_range``: curves whose max − min is below this (in the metric's own
+    units) count as flat — it keeps noise on an untrained model from reading as a profile. Returns None for
+    curves without a plateau (including flat ones); raises ValueError for curves shorter than 4 points or
+    with NaN/Inf.
     """
     y = np.asarray(curve, dtype=float)
     if y.ndim != 1 or len(y) < 4:
@@ -91,7 +94,7 @@ def detect_phases(
     if min_layers < 2:
         raise ValueError(f"min_layers must be at least 2, got {min_layers}")
     lo, hi = float(y.min()), float(y.max())
-    if hi - lo <= 1e-9 * max(1.0, abs(hi)):
+    if hi - lo <= max(min_range, 1e-9 * max(1.0, abs(hi))):
         return None
     y = (y - lo) / (hi - lo)
     n = len(y)
@@ -111,3 +114,56 @@ def detect_phases(
     if not flat or not outer or gain < min_gain:
         return None
     return Phases(plateau=(s, e), cliff=(0, s - 1) if s > 0 else None, climb=(e + 1, n - 1) if e < n - 1 else None)
+
+
+def spans_near(a: Span, b: Span, tolerance: int) -> bool:
+    return abs(a[0] - b[0]) <= tolerance and abs(a[1] - b[1]) <= tolerance
+
+
+class PlateauTracker:
+    """Plateau onset over training time (SPEC §4).
+
+    Onset is the first sample at which a plateau has been present for ``patience`` consecutive samples
+    with a stable span (within ±``span_tolerance`` layers of where the run started). Once onset has
+    happened the plateau counts as present until it has been absent for ``patience`` samples.
+    """
+
+    def __init__(self, patience: int = 3, span_tolerance: int = 1):
+        if patience < 1:
+            raise ValueError(f"patience must be at least 1, got {patience}")
+        self.patience = patience
+        self.span_tolerance = span_tolerance
+        self.anchor: Span | None = None
+        self.run_length = 0
+        self.absent = 0
+        self.onset_step: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.onset_step is not None
+
+    def update(self, step: int, phases: Phases | None) -> bool:
+        """Feed one sample; True exactly when plateau onset happens at ``step``."""
+        if phases is None:
+            self.anchor, self.run_length = None, 0
+            self.absent += 1
+            if self.absent >= self.patience:
+                self.onset_step = None
+            return False
+        self.absent = 0
+        if self.anchor is not None and spans_near(phases.plateau, self.anchor, self.span_tolerance):
+            self.run_length += 1
+        else:
+            self.anchor, self.run_length = phases.plateau, 1
+        if self.onset_step is None and self.run_length >= self.patience:
+            self.onset_step = step
+            return True
+        return False
+
+    def state_dict(self) -> dict:
+        return {"anchor": list(self.anchor) if self.anchor else None, "run_length": self.run_length,
+                "absent": self.absent, "onset_step": self.onset_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.anchor = tuple(state["anchor"]) if state["anchor"] else None
+        self.run_length, self.absent, self.onset_step = state["run_length"], state["absent"], state["onset_step"]

@@ -33,6 +33,12 @@ def probe_accuracy(
     feature set by leave-one-out accuracy on the training split.
     """
     features = features.float()
+    finite = torch.isfinite(features).all(-1).all(-1)
+    if not bool(finite.all()):  # non-finite activations: those probes are NaN, the rest still run
+        out = torch.full((len(features),), torch.nan, device=features.device)
+        if bool(finite.any()):
+            out[finite] = probe_accuracy(features[finite], labels, train_idx, test_idx, alphas)
+        return out
     _, codes = torch.unique(labels.cpu(), return_inverse=True)
     codes = codes.to(features.device)
     onehot = F.one_hot(codes, int(codes.max()) + 1).float()

@@ -107,10 +107,19 @@ def _find_block_list(model: nn.Module) -> tuple[str, list[BlockParts]] | None:
     return None
 
 
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain module inside DDP/DataParallel (``.module``) and ``torch.compile`` (``._orig_mod``)
+    wrappers: probing through it never touches the wrapper's compiled graph or gradient hooks."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
 def vit_parts(model: nn.Module) -> ViTParts:
     """Locate the blocks, patch embedding and prefix tokens of a timm or transformers ViT."""
-    model = getattr(model, "module", model)  # DDP / DataParallel wrappers
-    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
+    model = unwrap_model(model)
     found = _find_block_list(model)
     if found is None:
         raise TapError(

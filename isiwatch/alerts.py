@@ -1,0 +1,94 @@
+"""Alert records and the episode logic that emits each alert once (SPEC §5).
+
+A condition that becomes true opens an episode and emits one :class:`Alert`; while it stays true nothing
+more is emitted; when it goes away a ``<kind>_cleared`` record closes the episode. Sinks receive every
+record; a failing sink is logged and never interrupts training.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+
+logger = logging.getLogger("isiwatch")
+
+SEVERITY_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}
+#: Alert kinds and their severity.
+ALERT_KINDS = {"plateau_onset": "warning", "isi_stall": "warning", "cls_marginalized": "info",
+               "non_finite": "critical", "norm_friction_high": "info"}
+
+
+@dataclass
+class Alert:
+    """One alert record: ``kind`` (``*_cleared`` closes an episode), the training ``step``, unix ``time``."""
+
+    kind: str
+    step: int
+    time: float
+    run: str
+    severity: str
+    message: str
+    data: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Condition:
+    """The state of one alert condition at one sample."""
+
+    active: bool
+    message: str = ""
+    data: dict = field(default_factory=dict)
+
+
+AlertSink = Callable[[Alert], None]
+
+
+def log_sink(alert: Alert) -> None:
+    """Python logging: logger ``isiwatch``, level from the severity."""
+    logger.log(SEVERITY_LEVELS.get(alert.severity, logging.INFO), "[%s] step %d: %s", alert.kind, alert.step,
+               alert.message)
+
+
+class AlertEngine:
+    """Tracks open episodes per kind and dispatches records to the sinks."""
+
+    def __init__(self, run: str, sinks: Iterable[AlertSink] = ()):
+        self.run = run
+        self.sinks = list(sinks)
+        self.active: set[str] = set()
+
+    def update(self, step: int, conditions: Mapping[str, Condition]) -> list[Alert]:
+        """Emit records for episodes that open or close at ``step``."""
+        records = []
+        now = time.time()
+        for kind, cond in conditions.items():
+            severity = ALERT_KINDS.get(kind, "info")
+            if cond.active and kind not in self.active:
+                self.active.add(kind)
+                records.append(Alert(kind, step, now, self.run, severity, cond.message, dict(cond.data)))
+            elif not cond.active and kind in self.active:
+                self.active.discard(kind)
+                records.append(Alert(f"{kind}_cleared", step, now, self.run, "info",
+                                     f"{kind} cleared" + (f": {cond.message}" if cond.message else ""),
+                                     dict(cond.data)))
+        for record in records:
+            self.dispatch(record)
+        return records
+
+    def dispatch(self, alert: Alert) -> None:
+        for sink in self.sinks:
+            try:
+                sink(alert)
+            except Exception:  # a broken sink must not stop training
+                logger.exception("isiwatch: alert sink %r failed", sink)
+
+    def state_dict(self) -> dict:
+        return {"active": sorted(self.active)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.active = set(state["active"])

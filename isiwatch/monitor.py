@@ -1,0 +1,253 @@
+"""``Watch``: the training-time monitor.
+
+Every ``every_n_steps`` optimizer steps it runs one probe pass on a fixed probe batch, records the
+per-layer curves, detects the phases and plateau onset, raises alerts, updates early stopping and
+exports to TensorBoard, Prometheus and JSONL. Between sampling steps ``step()`` is a modulo and a return.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from .alerts import Alert, AlertEngine, Condition, log_sink
+from .analysis import METRICS, analyze
+from .config import build_options
+from .exporters import JsonlExporter, PrometheusExporter, TensorBoardExporter
+from .phases import PlateauTracker
+from .sample import Sample
+from .stopping import EarlyStopping, PlateauStopping
+from .taps import unwrap_model, vit_parts
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+class Watch:
+    """Monitor a ViT while it trains.
+
+    ``probe_images`` (B,C,H,W) and optional ``probe_labels`` (B,) form the fixed probe batch (labels enable
+    the linear probes and the [CLS] alert). Options (also from ``config``, a YAML path or dict; explicit
+    keyword arguments win) are the fields of :class:`isiwatch.config.WatchOptions`:
+
+    - sampling: ``every_n_steps``, ``probe_batch_size``, ``with_isi_recon``, ``history_size`` (samples
+      kept in ``history``);
+    - phases: ``phase_metric``, ``min_layers``, ``plateau_patience`` (samples a stable plateau must last
+      before ``plateau_onset``);
+    - alerts: ``isi_stall_window``/``isi_stall_min_rise``/``isi_stall_min_loss_drop`` (mean ISI rose by
+      less than ``min_rise`` (relative) over the window while the loss fell by more than
+      ``min_loss_drop`` (relative)), ``norm_friction_threshold``; ``alert_callback(alert)``;
+    - early stopping (Lightning's names): ``monitor`` (a series such as ``"probe_cls/last"``,
+      ``"isi/layer_03"`` or ``"loss"``), ``mode``, ``min_delta``, ``patience``, ``warmup`` (samples),
+      ``check_finite``, ``stopping_threshold``, ``divergence_threshold``; ``stop_on_plateau``;
+    - export: ``log_dir`` (TensorBoard + ``metrics.jsonl`` + ``alerts.jsonl``), ``registry`` (a
+      prometheus_client ``CollectorRegistry``; a private one by default), ``prometheus_port`` (HTTP on
+      ``prometheus_host``, 127.0.0.1 by default), ``pushgateway``, ``textfile``, ``run_name``.
+
+    Under torch.distributed every rank runs the probe pass (required for sharded models) and all ranks
+    reach the same stop decision; only rank 0 exports.
+    """
+
+    def __init__(self, model: nn.Module, probe_images: Tensor, probe_labels: Tensor | None = None, *,
+                 every_n_steps: int | None = None, log_dir: str | Path | None = None, registry=None,
+                 prometheus_port: int | None = None, run_name: str | None = None,
+                 config: str | Path | dict | None = None, alert_callback=None, **options):
+        explicit = {k: v for k, v in {"every_n_steps": every_n_steps, "prometheus_port": prometheus_port,
+                                      "run_name": run_name,
+                                      "log_dir": None if log_dir is None else str(log_dir)}.items()
+                    if v is not None}
+        self.options = opts = build_options(config, **explicit, **options)
+        if opts.every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be at least 1, got {opts.every_n_steps}")
+        if opts.phase_metric not in METRICS:
+            raise ValueError(f"unknown phase_metric {opts.phase_metric!r}; choose one of {', '.join(METRICS)}")
+        if probe_images.dim() != 4 or len(probe_images) < 4:
+            raise ValueError(f"probe_images must be (B,C,H,W) with B >= 4, got {tuple(probe_images.shape)}")
+        self.model = model
+        self._probe_model = unwrap_model(model)
+        self._parts = vit_parts(self._probe_model)
+        self.probe_images = probe_images
+        self.probe_labels = probe_labels
+        self.run = opts.run_name or f"run-{uuid.uuid4().hex[:8]}"
+        self.rank = torch.distributed.get_rank() if _distributed() else 0
+        self.history: deque[Sample] = deque(maxlen=opts.history_size)
+        self.tracker = PlateauTracker(opts.plateau_patience)
+        self.stoppers: list[EarlyStopping] = []
+        if opts.monitor:
+            self.stoppers.append(EarlyStopping(opts.monitor, opts.mode, opts.min_delta, opts.patience, opts.warmup,
+                                               opts.check_finite, opts.stopping_threshold,
+                                               opts.divergence_threshold))
+        self.plateau_stopper = PlateauStopping(opts.plateau_patience) if opts.stop_on_plateau else None
+        self._stall: deque[tuple[float, float]] = deque(maxlen=opts.isi_stall_window)
+        self.should_stop = False
+        self.stop_reason: str | None = None
+        self.last_step: int | None = None
+
+        self.jsonl = self.tensorboard = self.prometheus = None
+        sinks = [log_sink]
+        if self.rank == 0:
+            if opts.log_dir:
+                self.jsonl = JsonlExporter(opts.log_dir, self.run)
+                self.tensorboard = TensorBoardExporter(opts.log_dir, opts.heatmap_every)
+                sinks += [self.jsonl.write_alert, self.tensorboard.write_alert]
+            if registry is not None or opts.prometheus_port is not None or opts.pushgateway or opts.textfile:
+                self.prometheus = PrometheusExporter(self.run, registry, opts.prometheus_port,
+                                                     opts.prometheus_host, opts.pushgateway, opts.textfile)
+                sinks.append(self.prometheus.write_alert)
+        if alert_callback is not None:
+            sinks.append(alert_callback)
+        self.alerts = AlertEngine(self.run, sinks)
+
+    # -- sampling ---------------------------------------------------------------------------------
+    def step(self, global_step: int, loss: float | Tensor | None = None) -> list[Alert]:
+        """Call after every optimizer step; samples when ``global_step`` is a multiple of ``every_n_steps``.
+
+        ``loss`` (optional, read only on sampling steps) feeds the ``isi_stall`` alert and the ``loss``
+        series. Returns the alert records emitted at this step.
+        """
+        if global_step % self.options.every_n_steps or global_step == self.last_step:
+            return []
+        return self.sample(global_step, loss)
+
+    def sample(self, global_step: int, loss: float | Tensor | None = None) -> list[Alert]:
+        """Run one probe pass now, regardless of ``every_n_steps``."""
+        self.last_step = global_step
+        if isinstance(loss, Tensor):
+            loss = float(loss.detach())
+        start = time.perf_counter()
+        analysis = analyze(self._probe_model, self.probe_images, self.probe_labels,
+                           batch_size=self.options.probe_batch_size, with_isi_recon=self.options.with_isi_recon,
+                           phase_metric=self.options.phase_metric,
+                           phase_options={"min_layers": self.options.min_layers}, parts=self._parts)
+        sample = Sample(global_step, time.time(), analysis.layers, analysis.phases,
+                        time.perf_counter() - start, loss)
+        self.history.append(sample)
+        self.tracker.update(global_step, sample.phases)
+        alerts = self.alerts.update(global_step, self._conditions(sample))
+        self._update_stopping(sample)
+        if self.jsonl:
+            self.jsonl.write_sample(sample)
+        if self.tensorboard:
+            self.tensorboard.write_sample(sample, self.history)
+        if self.prometheus:
+            self.prometheus.write_sample(sample, self.tracker.onset_step, self.alerts.active, self.should_stop)
+        return alerts
+
+    def _conditions(self, sample: Sample) -> dict[str, Condition]:
+        layers, ph = sample.layers, sample.phases
+        bad = sorted(m for m, vals in layers.items() if not all(math.isfinite(v) for v in vals))
+        if sample.loss is not None and not math.isfinite(sample.loss):
+            bad.append("loss")
+        conditions = {
+            "non_finite": Condition(bool(bad), f"non-finite values in {', '.join(bad)}", {"series": bad}),
+            "plateau_onset": Condition(
+                self.tracker.active,
+                f"plateau over blocks {ph.plateau[0]}–{ph.plateau[1]} of {self.options.phase_metric}" if ph
+                else "plateau gone",
+                {"plateau": list(ph.plateau) if ph else None, "onset_step": self.tracker.onset_step,
+                 "metric": self.options.phase_metric}),
+            "isi_stall": self._isi_stall(sample),
+        }
+        if "probe_cls" in layers and "probe_patch_mean" in layers:
+            cls_acc, patch_acc = layers["probe_cls"][-1], layers["probe_patch_mean"][-1]
+            conditions["cls_marginalized"] = Condition(
+                cls_acc < patch_acc, f"[CLS] probe {cls_acc:.3f} < mean-patch probe {patch_acc:.3f} at the last block",
+                {"probe_cls": cls_acc, "probe_patch_mean": patch_acc})
+        threshold = self.options.norm_friction_threshold
+        if threshold is not None and "norm_friction" in layers:
+            peak = max(layers["norm_friction"])
+            conditions["norm_friction_high"] = Condition(
+                peak > threshold, f"norm_friction peaks at {peak:.3f} (> {threshold}): token-specialised norms "
+                "(isiwatch specialize) may help", {"peak": peak, "threshold": threshold})
+        return conditions
+
+    def _isi_stall(self, sample: Sample) -> Condition:
+        isi = sample.layers.get("isi")
+        if isi is None or sample.loss is None or not all(math.isfinite(v) for v in [*isi, sample.loss]):
+            return Condition(False)
+        self._stall.append((sum(isi) / len(isi), sample.loss))
+        if len(self._stall) < self._stall.maxlen:
+            return Condition(False)
+        (isi0, loss0), (isi1, loss1) = self._stall[0], self._stall[-1]
+        stalled = isi1 - isi0 <= self.options.isi_stall_min_rise * abs(isi0)
+        falling = loss0 - loss1 >= self.options.isi_stall_min_loss_drop * abs(loss0)
+        return Condition(stalled and falling,
+                         f"mean ISI {isi0:.4f} → {isi1:.4f} over {len(self._stall)} samples while loss "
+                         f"{loss0:.4f} → {loss1:.4f}", {"isi": [isi0, isi1], "loss": [loss0, loss1]})
+
+    def _update_stopping(self, sample: Sample) -> None:
+        series = sample.series()
+        reasons = []
+        for stopper in self.stoppers:
+            if stopper.monitor not in series and sample.step == self.history[0].step:
+                raise ValueError(f"monitor {stopper.monitor!r} is not a tracked series; "
+                                 f"e.g. {', '.join(sorted(series)[:4])}, loss")
+            reasons.append(stopper.update(series.get(stopper.monitor)))
+        if self.plateau_stopper is not None:
+            reasons.append(self.plateau_stopper.update(sample.phases, sample.last_layer_accuracy()))
+        reason = next((r for r in reasons if r), None)
+        stop = self._agree(reason is not None)
+        if stop and not self.should_stop:
+            self.should_stop = True
+            self.stop_reason = reason or "another rank requested the stop"
+            self.alerts.dispatch(Alert("early_stop", sample.step, time.time(), self.run, "warning",
+                                       f"stopping training: {self.stop_reason}"))
+
+    def _agree(self, stop: bool) -> bool:
+        """Every rank gets the same answer: stop if any rank wants to."""
+        if not _distributed():
+            return stop
+        device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([float(stop)], device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+    # -- state ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to resume alerts, onset tracking and early stopping (not the history)."""
+        return {"version": 1, "last_step": self.last_step, "should_stop": self.should_stop,
+                "stop_reason": self.stop_reason, "tracker": self.tracker.state_dict(),
+                "alerts": self.alerts.state_dict(), "stoppers": [s.state_dict() for s in self.stoppers],
+                "plateau_stopper": self.plateau_stopper.state_dict() if self.plateau_stopper else None,
+                "isi_stall": [list(p) for p in self._stall]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != 1:
+            raise ValueError(f"unsupported Watch state version {state.get('version')!r}")
+        if len(state["stoppers"]) != len(self.stoppers):
+            raise ValueError("Watch state has a different early-stopping configuration")
+        self.last_step, self.should_stop = state["last_step"], state["should_stop"]
+        self.stop_reason = state["stop_reason"]
+        self.tracker.load_state_dict(state["tracker"])
+        self.alerts.load_state_dict(state["alerts"])
+        for stopper, s in zip(self.stoppers, state["stoppers"]):
+            stopper.load_state_dict(s)
+        if self.plateau_stopper is not None and state["plateau_stopper"] is not None:
+            self.plateau_stopper.load_state_dict(state["plateau_stopper"])
+        self._stall.clear()
+        self._stall.extend(tuple(p) for p in state["isi_stall"])
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Flush and close the exporters (heat-maps are written one last time)."""
+        if self.tensorboard:
+            self.tensorboard.close(self.history)
+            self.tensorboard = None
+        if self.jsonl:
+            self.jsonl.close()
+            self.jsonl = None
+        if self.prometheus:
+            self.prometheus.close()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,58 @@
+"""One sampling step of the monitor: the per-layer curves, phases and loss at a training step."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .phases import Phases
+
+
+@dataclass
+class Sample:
+    """Per-layer curves at training ``step``; ``duration_s`` is the probe pass + metrics wall time."""
+
+    step: int
+    time: float
+    layers: dict[str, list[float]]
+    phases: Phases | None
+    duration_s: float
+    loss: float | None = None
+
+    @property
+    def depth(self) -> int:
+        return len(next(iter(self.layers.values()))) if self.layers else 0
+
+    def series(self) -> dict[str, float]:
+        """Flat named series for early stopping and export: ``<metric>/layer_<ll>``, ``<metric>/last``,
+        ``<metric>/mean``, ``plateau/{detected,start,end,length}`` and ``loss``."""
+        out: dict[str, float] = {}
+        for metric, values in self.layers.items():
+            for i, v in enumerate(values):
+                out[f"{metric}/layer_{i:02d}"] = v
+            out[f"{metric}/last"] = values[-1]
+            out[f"{metric}/mean"] = sum(values) / len(values)
+        ph = self.phases
+        out["plateau/detected"] = float(ph is not None)
+        out["plateau/start"] = float(ph.plateau[0]) if ph else math.nan
+        out["plateau/end"] = float(ph.plateau[1]) if ph else math.nan
+        out["plateau/length"] = float(ph.length) if ph else 0.0
+        if self.loss is not None:
+            out["loss"] = self.loss
+        return out
+
+    def last_layer_accuracy(self) -> float | None:
+        """The last block's probe accuracy ([CLS] when the model has one, else mean-pooled patches)."""
+        for metric in ("probe_cls", "probe_patch_mean"):
+            if metric in self.layers:
+                return self.layers[metric][-1]
+        return None
+
+    def to_dict(self, run: str) -> dict:
+        def num(v):
+            return v if v is None or math.isfinite(v) else None
+
+        return {"step": self.step, "time": self.time, "run": run, "loss": num(self.loss),
+                "duration_s": self.duration_s,
+                "layers": {m: [num(v) for v in vals] for m, vals in self.layers.items()},
+                "phases": self.phases.to_dict() if self.phases else None}

@@ -1,0 +1,264 @@
+"""isiwatch.Watch: non-perturbation, exporters, alerts, early stopping, state, memory."""
+
+import gc
+import json
+import logging
+import os
+import socket
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from prometheus_client import CollectorRegistry
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import isiwatch
+from isiwatch import Watch
+
+
+def tiny_vit(depth=4, dim=32, seed=0, **kw):
+    torch.manual_seed(seed)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7, in_chans=1,
+                             num_classes=10, embed_dim=dim, depth=depth, num_heads=2, **kw)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from isiwatch.data import embedded_digits
+
+    x, y = embedded_digits()
+    return x[:256], y[:256], x[4000:4064], y[4000:4064]
+
+
+def train(model, x, y, steps, watch=None, batch=32):
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    model.train()
+    for step in range(1, steps + 1):
+        idx = torch.randint(0, len(x), (batch,))
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if watch is not None:
+            watch.step(step, loss)
+            if watch.should_stop:
+                return step
+    return steps
+
+
+def test_watch_does_not_perturb_training(digits, tmp_path):
+    x, y, px, py = digits
+    runs = []
+    for with_watch in (False, True):
+        model = tiny_vit(drop_rate=0.1, drop_path_rate=0.2, attn_drop_rate=0.1, proj_drop_rate=0.1)
+        torch.manual_seed(42)
+        watch = Watch(model, px, py, every_n_steps=5, log_dir=tmp_path / "tb", registry=CollectorRegistry()) \
+            if with_watch else None
+        train(model, x, y, 30, watch)
+        if watch:
+            assert len(watch.history) == 6
+            watch.close()
+        runs.append((model.state_dict(), torch.get_rng_state(), model.training))
+    (a, rng_a, mode_a), (b, rng_b, mode_b) = runs
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(rng_a, rng_b) and mode_a == mode_b is True
+
+
+def test_exporters_and_state_after_a_short_run(digits, tmp_path):
+    x, y, px, py = digits
+    model = tiny_vit()
+    registry = CollectorRegistry()
+    watch = Watch(model, px, py, every_n_steps=2, log_dir=tmp_path, registry=registry, run_name="short",
+                  heatmap_every=2, monitor="probe_cls/last", mode="max", patience=100)
+    train(model, x, y, 8, watch)
+    state = watch.state_dict()
+    watch.close()
+
+    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    acc.Reload()
+    scalars = set(acc.Tags()["scalars"])
+    for metric in ("isi", "attn_entropy", "token_similarity", "probe_cls", "probe_patch_mean"):
+        assert {f"isiwatch/{metric}/layer_00", f"isiwatch/{metric}/layer_03"} <= scalars
+    assert {"isiwatch/plateau/length", "isiwatch/plateau/detected"} <= scalars
+    assert [e.step for e in acc.Scalars("isiwatch/isi/layer_00")] == [2, 4, 6, 8]
+    assert "isiwatch/heatmap/isi" in acc.Tags()["images"]
+
+    assert registry.get_sample_value("isiwatch_layer_metric",
+                                     {"run": "short", "layer": "03", "metric": "isi"}) is not None
+    assert registry.get_sample_value("isiwatch_plateau_detected", {"run": "short"}) in (0.0, 1.0)
+    assert registry.get_sample_value("isiwatch_last_sample_timestamp_seconds", {"run": "short"}) > 1e9
+    assert registry.get_sample_value("isiwatch_sample_duration_seconds_count", {"run": "short"}) == 4
+    assert registry.get_sample_value("isiwatch_training_step", {"run": "short"}) == 8
+
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [2, 4, 6, 8]
+    assert (tmp_path / "alerts.jsonl").exists()
+
+    fresh = Watch(tiny_vit(), px, py, every_n_steps=2, monitor="probe_cls/last", mode="max", patience=100)
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == state
+    assert fresh.step(8) == []  # already sampled at step 8
+    fresh.close()
+
+
+def mixing(blocks, gamma):
+    """Blocks whose attention is uniform and whose value/projection are the identity: each adds gamma ×
+    the image's mean token to every token (raising token similarity); gamma = 0 makes the block identity."""
+    with torch.no_grad():
+        for blk in blocks:
+            d = blk.attn.qkv.in_features
+            blk.attn.qkv.weight.zero_()
+            blk.attn.qkv.bias.zero_()
+            blk.attn.qkv.weight[2 * d:] = torch.eye(d)
+            blk.attn.proj.weight.copy_(torch.eye(d))
+            blk.attn.proj.bias.zero_()
+            blk.ls1.gamma.fill_(gamma)
+            blk.ls2.gamma.fill_(0.0)
+
+
+def mixing_vit():
+    model = tiny_vit(depth=8, init_values=1.0)
+    mixing(model.blocks, 0.2)
+    return model
+
+
+def set_middle_blocks(model, gamma):
+    mixing(model.blocks[2:6], gamma)
+
+
+def test_plateau_onset_fires_once_and_on_plateau_stops(digits):
+    _, _, px, py = digits
+    model = mixing_vit()
+    before = isiwatch.analyze(model, px, py).phases
+    seen = []
+    watch = Watch(model, px, py, every_n_steps=1, plateau_patience=3, stop_on_plateau=True,
+                  alert_callback=seen.append)
+    stop_step = None
+    for step in range(1, 30):
+        if step == 5:  # training "collapses" the middle blocks: identity blocks make a flat stretch
+            set_middle_blocks(model, 0.0)
+        watch.step(step)
+        if watch.should_stop:
+            stop_step = step
+            break
+    assert before is None  # precondition: no plateau before the change
+    onsets = [a for a in seen if a.kind == "plateau_onset"]
+    assert len(onsets) == 1 and onsets[0].step == 7
+    assert onsets[0].data["plateau"] == [1, 5]
+    assert stop_step == 7 and "stable for 3 samples" in watch.stop_reason
+    assert [a.kind for a in seen if a.kind == "early_stop"] == ["early_stop"]
+
+
+def test_alerts_once_per_episode_with_cleared_records(digits):
+    _, _, px, py = digits
+    model = mixing_vit()
+    seen = []
+    watch = Watch(model, px, py, every_n_steps=1, plateau_patience=2, alert_callback=seen.append)
+    pattern = [0.2, 0.0, 0.0, 0.0, 0.0, 0.2, 0.2, 0.2, 0.0, 0.0, 0.0]
+    for step, scale in enumerate(pattern, 1):
+        set_middle_blocks(model, scale)
+        watch.step(step)
+    kinds = [(a.kind, a.step) for a in seen if a.kind.startswith("plateau_onset")]
+    assert kinds == [("plateau_onset", 3), ("plateau_onset_cleared", 7), ("plateau_onset", 10)]
+
+
+def test_non_finite_activations_raise_an_alert_not_a_crash(digits, tmp_path):
+    _, _, px, py = digits
+    model = tiny_vit()
+    watch = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path)
+    assert watch.step(1) == [] or all(a.kind != "non_finite" for a in watch.step(1))
+    with torch.no_grad():
+        model.blocks[2].mlp.fc1.weight[0, 0] = float("inf")
+        model.blocks[2].mlp.fc2.weight[0, 0] = float("nan")
+    alerts = watch.step(2)
+    assert [a.kind for a in alerts if a.kind == "non_finite"] == ["non_finite"]
+    assert "token_similarity" in alerts[0].data["series"] or any("isi" in s for s in alerts[0].data["series"])
+    assert watch.step(3) == []  # same episode, no repeat
+    watch.close()
+    records = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in records] == ["non_finite"]
+    assert all(v is None or isinstance(v, float) for v in
+               json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["layers"]["isi"])
+
+
+def test_early_stopping_on_any_series_and_thresholds(digits):
+    _, _, px, py = digits
+    model = tiny_vit()
+    watch = Watch(model, px, py, every_n_steps=1, monitor="loss", mode="min", patience=2, min_delta=0.1)
+    for step, loss in enumerate([2.0, 1.5, 1.45, 1.42], 1):
+        watch.step(step, loss)
+    assert watch.should_stop and "did not improve for 2" in watch.stop_reason
+    watch = Watch(model, px, py, every_n_steps=1, monitor="loss", divergence_threshold=5.0)
+    watch.step(1, 6.0)
+    assert watch.should_stop and "diverged" in watch.stop_reason
+    watch = Watch(model, px, py, every_n_steps=1, monitor="loss", warmup=2, check_finite=True)
+    watch.step(1, float("nan"))
+    assert not watch.should_stop
+    watch.step(2, 1.0)
+    watch.step(3, float("inf"))
+    assert watch.should_stop and "not finite" in watch.stop_reason
+    with pytest.raises(ValueError, match="not a tracked series"):
+        Watch(model, px, py, every_n_steps=1, monitor="accuracy").step(1)
+
+
+def test_isi_stall_needs_falling_loss(digits):
+    _, _, px, py = digits
+    seen = []
+    watch = Watch(tiny_vit(), px, py, every_n_steps=1, isi_stall_window=3, alert_callback=seen.append)
+    for step, loss in enumerate([1.0, 1.0, 1.0, 0.9, 0.8], 1):  # frozen model: ISI is constant
+        watch.step(step, loss)
+    assert [(a.kind, a.step) for a in seen if "isi_stall" in a.kind] == [("isi_stall", 4)]
+
+
+def test_port_in_use_keeps_training(digits, caplog):
+    _, _, px, py = digits
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with caplog.at_level(logging.WARNING, logger="isiwatch"):
+            watch = Watch(tiny_vit(), px, py, every_n_steps=1, prometheus_port=port, registry=CollectorRegistry())
+        assert "cannot serve Prometheus metrics" in caplog.text and watch.prometheus.port is None
+        watch.step(1)
+        assert len(watch.history) == 1
+        watch.close()
+
+
+def test_http_exporter_binds_loopback(digits):
+    import urllib.request
+
+    _, _, px, py = digits
+    with Watch(tiny_vit(), px, py, every_n_steps=1, prometheus_port=0, run_name="http") as watch:
+        watch.step(1)
+        host, port = watch.prometheus.server.server_address[:2]
+        assert host == "127.0.0.1"
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'isiwatch_plateau_detected{run="http"}' in body
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_memory_flat_over_2000_samples_and_hooks_removed(digits, tmp_path):
+    _, _, px, py = digits
+    model = tiny_vit(depth=2, dim=16)
+    with Watch(model, px[:16], py[:16], every_n_steps=1, log_dir=tmp_path, registry=CollectorRegistry(),
+               history_size=50, heatmap_every=500) as watch:
+        for step in range(1, 501):
+            watch.step(step)
+        gc.collect()
+        objects, tensors, rss = len(gc.get_objects()), sum(torch.is_tensor(o) for o in gc.get_objects()), rss_bytes()
+        for step in range(501, 2001):
+            watch.step(step)
+        gc.collect()
+        object_growth = len(gc.get_objects()) - objects
+        tensor_growth = sum(torch.is_tensor(o) for o in gc.get_objects()) - tensors
+        rss_growth = rss_bytes() - rss
+    assert len(watch.history) == 50
+    assert object_growth < 200, object_growth
+    assert tensor_growth <= 0, tensor_growth
+    assert rss_growth < 16 * 2**20, rss_growth
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
