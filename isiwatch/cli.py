@@ -43,10 +43,59 @@ class _Cli(click.Group):
             raise click.ClickException(message) from None
 
 
+def _section_defaults(ctx: click.Context, config) -> dict:
+    """Validate each command section against the command's options; return click's ``default_map``."""
+    defaults = {}
+    for command_name, values in config.sections.items():
+        command = ctx.command.commands[command_name]
+        names = {p.name for p in command.params if isinstance(p, click.Option)}
+        for key, (_, line) in values.items():
+            if key not in names:
+                raise click.ClickException(f"{config.path}:{line}: unknown option {key!r} for "
+                                           f"'isiwatch {command_name}'")
+        defaults[command_name] = {k: v for k, (v, _) in values.items()}
+    return defaults
+
+
+def _load_config(ctx: click.Context, _param, value):
+    if value is None:
+        return None
+    from .config import ConfigError, load_yaml
+
+    try:
+        config = load_yaml(value)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    ctx.default_map = _section_defaults(ctx, config)
+    return config
+
+
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="isiwatch")
+@click.option("--config", type=click.Path(dir_okay=False, path_type=Path), callback=_load_config,
+              is_eager=True, expose_value=False,
+              help="isiwatch.yaml: Watch options at the top level, command options in sections named "
+                   "after the command.")
 def main() -> None:
     """Watch Vision Transformers while they train: ISI, probes, Cliff → Plateau → Climb."""
+
+
+@main.group()
+def config() -> None:
+    """Work with isiwatch.yaml files."""
+
+
+@config.command("check")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.pass_context
+def config_check(ctx: click.Context, file: Path) -> None:
+    """Validate FILE: unknown keys and wrong types are reported with their line."""
+    from .config import load_yaml
+
+    loaded = load_yaml(file)
+    _section_defaults(ctx.find_root(), loaded)
+    sections = ", ".join(sorted(loaded.sections)) or "none"
+    click.echo(f"{file}: OK ({len(loaded.watch)} Watch options; command sections: {sections})")
 
 
 DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,

@@ -1,5 +1,7 @@
-"""Watch options and their YAML form: ``isiwatch.yaml`` maps one-to-one onto :class:`WatchOptions`.
+"""Watch options and their YAML form.
 
+``isiwatch.yaml`` maps one-to-one onto :class:`WatchOptions` at the top level; optional sections named
+after CLI commands (``analyze:``, ``demo:``, ``truncate:``, ``specialize:``) hold that command's options.
 Unknown keys and values of the wrong type are errors that name the key and its line.
 """
 
@@ -50,6 +52,9 @@ class WatchOptions:
     stop_on_plateau: bool = False
 
 
+#: Top-level YAML keys that hold a CLI command's options instead of a Watch option.
+COMMAND_SECTIONS = ("analyze", "demo", "truncate", "specialize")
+
 _HINTS = typing.get_type_hints(WatchOptions)
 _NAMES = {f.name for f in fields(WatchOptions)}
 
@@ -81,34 +86,53 @@ def build_options(config: str | Path | dict | None = None, **overrides) -> Watch
     if isinstance(config, dict):
         values = {k: _check(k, v) for k, v in config.items()}
     elif config is not None:
-        values = load_yaml(config)
+        values = load_yaml(config).watch
     values.update({k: _check(k, v) for k, v in overrides.items()})
     return WatchOptions(**values)
 
 
-def load_yaml(path: str | Path) -> dict:
+@dataclass
+class ConfigFile:
+    """A parsed ``isiwatch.yaml``: Watch options and per-command sections of ``{key: (value, line)}``."""
+
+    path: Path
+    watch: dict
+    sections: dict[str, dict[str, tuple[object, int]]]
+
+
+def _mapping(node, path: Path, what: str) -> list:
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{path}:{node.start_mark.line + 1}: {what} must be a mapping of option: value")
+    return node.value
+
+
+def load_yaml(path: str | Path) -> ConfigFile:
     """Read and validate ``isiwatch.yaml``; errors read ``FILE:LINE: problem``."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config ({exc.strerror or exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config ({getattr(exc, 'strerror', None) or exc})") from None
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
         raise ConfigError(f"{path}{line}: invalid YAML ({getattr(exc, 'problem', None) or exc})") from None
+    result = ConfigFile(path, {}, {})
     if root is None:
-        return {}
-    if not isinstance(root, yaml.MappingNode):
-        raise ConfigError(f"{path}:{root.start_mark.line + 1}: expected a mapping of option: value")
-    values = {}
-    for key_node, value_node in root.value:
+        return result
+    seen: set[str] = set()
+    for key_node, value_node in _mapping(root, path, "the config"):
         where = f"{path}:{key_node.start_mark.line + 1}: "
         key = key_node.value
-        if key in values:
+        if key in seen:
             raise ConfigError(f"{where}option {key!r} given twice")
-        value = yaml.safe_load(yaml.serialize(value_node))
-        values[key] = _check(key, value, where)
-    return values
+        seen.add(key)
+        if key in COMMAND_SECTIONS:
+            result.sections[key] = {
+                k.value.replace("-", "_"): (yaml.safe_load(yaml.serialize(v)), k.start_mark.line + 1)
+                for k, v in _mapping(value_node, path, f"section {key!r}")}
+        else:
+            result.watch[key] = _check(key, yaml.safe_load(yaml.serialize(value_node)), where)
+    return result

@@ -1,0 +1,17 @@
+"""The examples run as scripts, end to end, with small settings."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_plain_loop_example(tmp_path):
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "plain_loop.py"), "--steps", "4", "--every", "2",
+                           "--log-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "last sample at step 4" in proc.stdout
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2, 4]
