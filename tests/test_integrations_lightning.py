@@ -1,0 +1,88 @@
+"""isiwatch.integrations.lightning inside a real Lightning Trainer on the CPU."""
+
+import csv
+import json
+
+import lightning.pytorch as pl
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from isiwatch.integrations.lightning import ISIWatchCallback
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class DigitsViT(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7,
+                                     in_chans=1, num_classes=10, embed_dim=32, depth=3, num_heads=2,
+                                     drop_rate=0.1, drop_path_rate=0.1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), 1e-3)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from isiwatch.data import embedded_digits
+
+    x, y = embedded_digits()
+    return TensorDataset(x[:256], y[:256]), x[4000:4048], y[4000:4048]
+
+
+def fit(tmp_path, data, callbacks, max_steps, ckpt_path=None, logger=False):
+    torch.manual_seed(1)
+    module = DigitsViT()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, logger=logger, callbacks=callbacks,
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(
+                             [c for c in callbacks if isinstance(c, ModelCheckpoint)]),
+                         default_root_dir=tmp_path, num_sanity_val_steps=0)
+    trainer.fit(module, DataLoader(data, batch_size=32, shuffle=True), ckpt_path=ckpt_path)
+    return trainer, module
+
+
+def test_callback_logs_exports_checkpoints_and_does_not_perturb(digits, tmp_path):
+    data, px, py = digits
+    _, plain = fit(tmp_path / "plain", data, [], max_steps=6)
+
+    options = dict(every_n_steps=2, log_dir=tmp_path / "isiwatch", run_name="pl", monitor="loss", mode="max",
+                   min_delta=100.0, patience=100)  # never improves: ``wait`` counts the samples
+    watch_cb = ISIWatchCallback(px, py, **options)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=6, save_top_k=-1)
+    trainer, watched = fit(tmp_path, data, [watch_cb, ckpt], max_steps=6, logger=CSVLogger(tmp_path, name="csv"))
+
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), watched.state_dict().values()))
+    lines = (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [2, 4, 6]
+    with open(trainer.logger.log_dir + "/metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["step"]) for r in rows if r.get("isiwatch/probe_cls/last")] == [2, 4, 6]
+    assert {"isiwatch/isi/mean", "isiwatch/plateau/length", "isiwatch/loss"} <= set(rows[0])
+    assert watch_cb.watch is None  # closed at teardown
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in watched.modules())
+
+    saved = torch.load(tmp_path / "ckpt" / "epoch=0-step=6.ckpt", weights_only=True)["callbacks"]["ISIWatchCallback"]
+    assert saved["last_step"] == 6 and saved["stoppers"][0]["wait"] == 2
+    resumed = ISIWatchCallback(px, py, **options)
+    fit(tmp_path, data, [resumed], max_steps=8, ckpt_path=tmp_path / "ckpt" / "epoch=0-step=6.ckpt")
+    lines = (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [2, 4, 6, 8]
+    assert resumed.state_dict()["stoppers"][0]["wait"] == 3
+
+
+def test_isiwatch_stop_ends_lightning_training(digits, tmp_path):
+    data, px, py = digits
+    watch_cb = ISIWatchCallback(px, py, every_n_steps=2, log_dir=tmp_path, monitor="loss", warmup=1,
+                                stopping_threshold=100.0)
+    trainer, _ = fit(tmp_path, data, [watch_cb], max_steps=50)
+    assert trainer.global_step == 4 and trainer.should_stop
+    records = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in records if r["kind"] == "early_stop"] == [("early_stop", 4)]
