@@ -1,0 +1,159 @@
+"""deploy/: promtool checks and unit tests of the rules, the metric-name cross-check against a real exporter,
+and the wiring of the Grafana provisioning and docker-compose.yml (compose itself cannot run here).
+
+promtool comes from Debian's ``prometheus`` package, which ``.ci/run`` installs; without it these tests fail.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from test_truncate import one_thread  # noqa: F401  (autouse: one torch thread, the other core for prometheus)
+from test_watch import mixing_vit, set_middle_blocks
+
+from isiwatch import Watch
+from isiwatch.analysis import METRICS
+from isiwatch.data import embedded_digits
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+PROMETHEUS_DIR = DEPLOY / "prometheus"
+RULE_FILES = sorted((PROMETHEUS_DIR / "rules").glob("*.yml"))
+RULE_TESTS = sorted((PROMETHEUS_DIR / "tests").glob("*.yml"))
+DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
+METRIC_NAME = re.compile(r"\bisiwatch_[A-Za-z0-9_:]+")
+
+
+def require(binary: str) -> str:
+    """Path of a Prometheus binary; a loud failure (not a skip) when it is missing."""
+    path = shutil.which(binary)
+    if path is None:
+        pytest.fail(f"{binary} not found: install Debian's prometheus package (apt-get install prometheus), "
+                    "as .ci/run does", pytrace=False)
+    return path
+
+
+def promtool(*args) -> str:
+    done = subprocess.run([require("promtool"), *map(str, args)], cwd=PROMETHEUS_DIR, capture_output=True,
+                          text=True, timeout=60)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    return output
+
+
+def alerting_rules() -> list[dict]:
+    return [rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]
+            for rule in group["rules"] if "alert" in rule]
+
+
+def dashboard(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def dashboard_queries(board: dict) -> list[str]:
+    """Every PromQL text of a dashboard: panel targets, annotations and template-variable queries."""
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("expr", "query", "definition") and isinstance(value, str) and "isiwatch_" in value:
+                    found.append(value)
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(board)
+    return found
+
+
+def test_promtool_checks_the_config_and_every_rule_file():
+    assert RULE_FILES and RULE_TESTS
+    assert "SUCCESS" in promtool("check", "config", "prometheus.yml")  # loads rules/*.yml too
+    assert promtool("check", "rules", *RULE_FILES).count("SUCCESS") == len(RULE_FILES)
+
+
+def test_every_alerting_rule_passes_its_promtool_unit_test():
+    output = promtool("test", "rules", *RULE_TESTS)
+    assert "SUCCESS" in output and "FAILED" not in output
+    tested = {case["alertname"] for path in RULE_TESTS for test in yaml.safe_load(path.read_text())["tests"]
+              for case in test.get("alert_rule_test", [])}
+    rules = {rule["alert"] for rule in alerting_rules()}
+    assert {"IsiwatchPlateauOnset", "IsiwatchExporterStale", "IsiwatchIsiStall", "IsiwatchNonFinite"} <= rules
+    assert tested == rules
+
+
+@pytest.fixture(scope="module")
+def exported_names() -> set[str]:
+    """Sample names a real Watch exporter publishes once it has sampled and raised an alert."""
+    images, labels = embedded_digits()
+    model = mixing_vit()
+    set_middle_blocks(model, 0.0)
+    registry = CollectorRegistry()
+    watch = Watch(model, images[:64], labels[:64], every_n_steps=1, registry=registry, plateau_patience=1)
+    assert [a.kind for a in watch.step(1, loss=1.0)] == ["plateau_onset"]
+    watch.close()
+    families = text_string_to_metric_families(generate_latest(registry).decode())
+    return {sample.name for family in families for sample in family.samples}
+
+
+def test_every_metric_name_in_rules_and_dashboards_is_exported(exported_names):
+    texts = [rule["expr"] + " ".join(rule.get("annotations", {}).values()) for rule in alerting_rules()]
+    texts += [query for path in DASHBOARDS for query in dashboard_queries(dashboard(path))]
+    queried = {name for text in texts for name in METRIC_NAME.findall(text)}
+    assert queried - exported_names == set()
+    assert {"isiwatch_layer_metric", "isiwatch_alert_active", "isiwatch_plateau_start_layer",
+            "isiwatch_last_sample_timestamp_seconds", "isiwatch_alerts_total",
+            "isiwatch_sample_duration_seconds_bucket"} <= queried
+
+
+def test_dashboard_has_run_selector_heatmaps_plateau_span_and_alert_annotations():
+    board = dashboard(DEPLOY / "grafana" / "dashboards" / "isiwatch.json")
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert "isiwatch_" in variables["run"]["definition"]
+    metric = variables["metric"]
+    assert set(metric["query"].split(",")) <= set(METRICS)
+    assert {"isi", "token_similarity", "probe_cls", "probe_patch_mean"} <= set(metric["current"]["value"])
+    heatmap = next(p for p in board["panels"] if p["type"] == "heatmap")
+    assert heatmap["repeat"] == "metric" and heatmap["options"]["calculate"] is False
+    assert any(p["title"] == "Plateau span" for p in board["panels"])
+    annotations = [a for a in board["annotations"]["list"] if not a.get("builtIn")]
+    assert any("isiwatch_alert_active" in a["expr"] for a in annotations)
+    assert any(a["expr"].startswith("ALERTS{") for a in annotations)
+    for query in dashboard_queries(board):  # every query follows the run selector
+        assert 'run="$run"' in query or query == variables["run"]["definition"], query
+    for panel in board["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}"
+
+
+def test_grafana_provisioning_and_compose_fit_together():
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert set(services) == {"prometheus", "pushgateway", "grafana"}
+    mounts = {}
+    for service in services.values():
+        for volume in service.get("volumes", []):
+            source, target = volume.split(":")[:2]
+            if source.startswith("./"):
+                assert (DEPLOY / source).exists(), volume
+                mounts[target] = DEPLOY / source
+    config = mounts["/etc/prometheus"] / "prometheus.yml"
+    assert config == PROMETHEUS_DIR / "prometheus.yml"
+    assert all("127.0.0.1" in flag for s in ("prometheus", "pushgateway") for flag in services[s]["command"]
+               if flag.startswith("--web.listen-address"))
+    assert services["grafana"]["environment"]["GF_SERVER_HTTP_ADDR"] == "127.0.0.1"
+
+    provisioning = mounts["/etc/grafana/provisioning"]
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "isiwatch.yml").read_text())["providers"]
+    assert mounts[provider["options"]["path"]] == DEPLOY / "grafana" / "dashboards"
+    board = dashboard(DEPLOY / "grafana" / "dashboards" / "isiwatch.json")
+    assert board["templating"]["list"][0]["current"]["value"] == source["uid"]
+    assert source["url"] == "http://127.0.0.1:9090"
