@@ -192,12 +192,8 @@ def fmt(values: list[float]) -> str:
 
 
 def summarise(items: Items, args) -> dict:
-    rows = list(items.done.values())
-    bases = [r for r in rows if r["key"].startswith("base/") and r["seed"] in args.seeds]
-    heals = [r for r in rows if r["key"].startswith("heal/") and r["seed"] in args.seeds
-             and r["key"].endswith(f"/{args.epochs}")]
-    scratches = [r for r in rows if r["key"].startswith("scratch/") and r["seed"] in args.seeds
-                 and r["key"].endswith(f"/{args.epochs}")]
+    rows = [r for r in items.done.values() if r["seed"] in args.seeds and r["key"].endswith(f"/{args.epochs}")]
+    bases, heals, scratches = ([r for r in rows if r["key"].startswith(k)] for k in ("base/", "heal/", "scratch/"))
     lines = [f"Base models: {fmt([b['accuracy'] for b in bases])} % held-out accuracy "
              f"(seeds {', '.join(str(b['seed']) for b in bases)}; mean ± 95 % t-interval)."]
     for b in bases:
@@ -220,19 +216,22 @@ def summarise(items: Items, args) -> dict:
             ratio = statistics.fmean(r["flops_ratio"] for r in sel)
             lines.append(f"| {label} | scratch (same FLOPs, {ratio:.2f}×) | {len(sel)} | – | "
                          f"{fmt([r['healed'] for r in sel])} | – |")
-    wins = paired_wins(heals + scratches)
-    lines += ["", "Paired differences, plateau minus each baseline (healed accuracy, points, same seed and K):"]
-    lines += [f"- vs {s}: {fmt(d)} over {len(d)} pairs" for s, d in wins.items() if d]
-    return {"lines": lines, "bases": bases, "heals": heals, "scratch": scratches, "paired": wins}
+    paired = {}
+    for reference in ("plateau", "tail"):
+        diffs = paired_differences(heals + scratches, reference)
+        paired[reference] = diffs
+        lines += ["", f"Paired differences, {reference} minus each other strategy (healed accuracy, points, same "
+                      "seed and K; mean ± 95 % t-interval):"]
+        lines += [f"- vs {s}: {fmt(d)} over {len(d)} pairs" for s, d in diffs.items() if d]
+    return {"lines": lines, "bases": bases, "heals": heals, "scratch": scratches, "paired": paired}
 
 
-def paired_wins(heals: list[dict]) -> dict[str, list[float]]:
-    by = {(r["seed"], r["keep"], r["strategy"]): r["healed"] for r in heals}
-    out = {}
-    for strategy in (*STRATEGIES[1:], "scratch"):
-        out[strategy] = [by[(s, k, "plateau")] - v for (s, k, st), v in by.items()
-                         if st == strategy and (s, k, "plateau") in by]
-    return out
+def paired_differences(rows: list[dict], reference: str) -> dict[str, list[float]]:
+    """For every other strategy: ``reference``'s healed accuracy minus its own, over (seed, K) they share."""
+    by = {(r["seed"], r["keep"], r["strategy"]): r["healed"] for r in rows}
+    return {strategy: [by[(s, k, reference)] - v for (s, k, st), v in by.items()
+                       if st == strategy and (s, k, reference) in by]
+            for strategy in (*STRATEGIES, "scratch") if strategy != reference}
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from isiwatch.cli import main
 from isiwatch.cost import count_flops, forward_flops, measure_latency
 from isiwatch.phases import Phases
 from isiwatch.training import train_classifier
-from isiwatch.truncate import choose_blocks, cut_vit, heal, plateau_keep, truncate
+from isiwatch.truncate import choose_blocks, cut_vit, heal, load_split, plateau_keep, truncate
 
 ARCH = "vit_tiny_patch16_224"
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=8, num_heads=2)
@@ -92,6 +92,16 @@ def test_tail_keep_4_writes_a_strict_timm_checkpoint_and_leaves_the_input_alone(
     assert report["cost"]["truncated"]["flops_per_image"] < report["cost"]["uncut"]["flops_per_image"]
     assert report["accuracy"]["cut"] == report["accuracy"]["healed"]
     assert "kept blocks 0, 1, 2, 3 (tail)" in result.output
+
+
+def test_default_strategy_drops_the_least_influential_blocks(timm_ckpt, folder, tmp_path):
+    path, _ = timm_ckpt
+    result = run("truncate", path, "--keep", 6, "--epochs", 0, "--out", tmp_path / "cut.pt", "--data", folder)
+    assert result.exit_code == 0, result.output
+    model = load_checkpoint(path).build()
+    expected = choose_blocks("bi", 8, 6, distances=boundary_distances(model, load_split(model, str(folder)).train_x))
+    assert torch.load(tmp_path / "cut.pt", weights_only=True)["isiwatch"]["kept_blocks"] == expected
+    assert "(bi)" in result.output
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -193,7 +203,7 @@ def test_plateau_cut_from_analysis_json_heals_on_an_image_folder(vit, folder, tm
     analysis = {"model": {"depth": 8}, "layers": [{"index": i, "token_similarity": v} for i, v in enumerate(curve)],
                 "phases": {"metric": "token_similarity"}}
     (tmp_path / "analysis.json").write_text(json.dumps(analysis))
-    result = truncate(ckpt, tmp_path / "cut.safetensors", analysis=tmp_path / "analysis.json",
+    result = truncate(ckpt, tmp_path / "cut.safetensors", analysis=tmp_path / "analysis.json", strategy="plateau",
                       data=str(folder), epochs=1, distill=True, fmt="safetensors",
                       report=tmp_path / "r.json")
     assert result.report["phases"]["plateau"] == [2, 5]
