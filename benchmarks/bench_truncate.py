@@ -10,8 +10,8 @@ of training the full model plus healing the cut (FLOPs of one forward + backward
 with torch.utils.flop_counter; optimizer updates are element-wise and not counted). Accuracy is on the
 1,000 held-out digits.
 
-    python benchmarks/bench_truncate.py                      # the README/RESULTS numbers (~25 min, 2 cores)
-    python benchmarks/bench_truncate.py --scratch-keeps auto 4   # adds a 4-block scratch baseline (+~8 min)
+    python benchmarks/bench_truncate.py                      # main table (35 min on the busy shared 2 cores)
+    python benchmarks/bench_truncate.py --epochs 8 --out benchmarks/bench_truncate_results_e8.json  # 11 min
     python benchmarks/bench_truncate.py --seeds 0 --epochs 2 --keeps 4 --scratch-keeps   # smoke run
 
 Results are appended per item to ``--work``/items.jsonl (a rerun skips finished items) and summarised
@@ -237,7 +237,7 @@ def paired_differences(rows: list[dict], reference: str) -> dict[str, list[float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=8, help="pre-training epochs of the 12-block model")
+    parser.add_argument("--epochs", type=int, default=20, help="pre-training epochs of the 12-block model")
     parser.add_argument("--keeps", type=int, nargs="*", default=[4], help="kept depths besides the plateau's")
     parser.add_argument("--scratch-keeps", nargs="*", default=["auto"],
                         help="depths of the from-scratch baseline ('auto': the plateau cut's depth)")
