@@ -133,14 +133,30 @@ def analyze(checkpoint, arch, data, images, out, metric, isi_recon, batch_size, 
 @main.command()
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("isiwatch-demo"),
               show_default=True, help="Run directory.")
-@click.option("--epochs", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--quick", is_flag=True, help="A shorter run (2 epochs) for smoke tests.")
+@click.option("--quick", is_flag=True, help="A smaller, shorter run (under a minute on 2 CPU cores).")
+@click.option("--config", "watch_config", type=click.Path(dir_okay=False, path_type=Path),
+              help="isiwatch.yaml whose Watch options override the demo's defaults.")
+@click.option("--prometheus-port", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Port for the Prometheus endpoint on 127.0.0.1 while training (0: any free port).")
 @DEVICE
-def demo(out, epochs, quick, device) -> None:
-    """Train a small ViT on the embedded MNIST digits and analyse it."""
+def demo(out, quick, watch_config, prometheus_port, device) -> None:
+    """Train a ViT on the embedded MNIST digits with Watch, analyse it, truncate it, write a report."""
     from .demo import run_demo
 
-    run_demo(out, epochs=2 if quick else epochs, device=_device(device), echo=click.echo)
+    run_demo(out, quick=quick, device=_device(device), config=watch_config, prometheus_port=prometheus_port,
+             echo=click.echo)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Where to write the plots and report.html (default: RUN_DIR/report).")
+def report(run_dir, out) -> None:
+    """Plots and a self-contained HTML page of a monitored run (a Watch log_dir)."""
+    from .report import write_report
+
+    for path in write_report(run_dir, out):
+        click.echo(f"wrote {path}")
 
 
 # --- truncate command (issue 6) goes here ---

@@ -1,45 +1,116 @@
-"""``isiwatch demo``: train a small ViT on the embedded digits and analyse its depth profile."""
+"""``isiwatch demo``: the whole product in one command, on the embedded MNIST digits.
+
+Trains a small timm ViT with :class:`Watch` attached (TensorBoard events, ``metrics.jsonl``,
+``alerts.jsonl``, a Prometheus endpoint on 127.0.0.1 while it runs), analyses the trained model on the
+held-out digits (``analysis.json``, ``curves.png``), truncates it at its plateau and heals it
+(``truncated.pt``, ``truncate_report.json``) and writes the report (``report/report.html``).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from .analysis import analyze
-from .checkpoint import save_checkpoint
+from .checkpoint import save_checkpoint, sha256_of
+from .config import load_yaml
 from .data import DIGITS_TRAIN, embedded_digits
 from .files import write_json
+from .monitor import Watch
 from .plots import plot_curves
+from .report import write_report
 from .tables import analysis_table, phases_line
 from .training import DIGITS_VIT_ARCH, accuracy, make_digits_vit, train_classifier
+from .truncate import DEFAULT_STRATEGY, report_table, truncate
+
+PROBE_IMAGES = 256
 
 
-def run_demo(out: str | Path, *, epochs: int = 10, device: str = "cpu", seed: int = 0,
-             echo: Callable[[str], None] = print) -> dict:
-    """Train, analyse on the held-out digits, write the run directory; returns a summary dict."""
+@dataclass(frozen=True)
+class DemoSettings:
+    """Model depth, training epochs (31 steps each), sampling interval and healing epochs."""
+
+    depth: int
+    epochs: int
+    every_n_steps: int
+    heal_epochs: int
+
+
+FULL = DemoSettings(depth=12, epochs=12, every_n_steps=16, heal_epochs=2)
+QUICK = DemoSettings(depth=8, epochs=2, every_n_steps=8, heal_epochs=1)
+
+
+def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", config: str | Path | None = None,
+             prometheus_port: int | None = 0, seed: int = 0, echo: Callable[[str], None] = print) -> dict:
+    """Train with Watch, analyse, truncate, report; returns a summary dict. ``config``: Watch options
+    (isiwatch.yaml) that override the demo's defaults."""
+    settings = QUICK if quick else FULL
     out = Path(out)
     images, labels = embedded_digits()
     train_x, train_y = images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN]
     test_x, test_y = images[DIGITS_TRAIN:], labels[DIGITS_TRAIN:]
-    model, kwargs = make_digits_vit(seed)
+    model, kwargs = make_digits_vit(seed, depth=settings.depth)
     model.to(device)
-    echo(f"training a {kwargs['depth']}-block ViT (width {kwargs['embed_dim']}) on {len(train_x)} embedded "
-         f"MNIST digits for {epochs} epochs on {device}")
+    options = {"every_n_steps": settings.every_n_steps, "log_dir": str(out), "run_name": "demo",
+               "prometheus_port": prometheus_port, **(load_yaml(config).watch if config else {})}
+
+    def print_alert(alert) -> None:
+        tqdm.write(f"  [{alert.severity}] step {alert.step}: {alert.kind}: {alert.message}")
+
+    echo(f"training a {settings.depth}-block ViT (width {kwargs['embed_dim']}) on {len(train_x)} embedded MNIST "
+         f"digits for {settings.epochs} epochs on {device}; Watch samples every {options['every_n_steps']} steps "
+         f"on {PROBE_IMAGES} held-out digits")
     start = time.perf_counter()
-    steps = train_classifier(model, train_x, train_y, epochs=epochs, seed=seed, progress=True)
+    with Watch(model, test_x[:PROBE_IMAGES], test_y[:PROBE_IMAGES], config=options,
+               alert_callback=print_alert) as watch:
+        if watch.prometheus and watch.prometheus.port:
+            echo(f"Prometheus metrics at http://127.0.0.1:{watch.prometheus.port}/metrics while training")
+        last_span = ["not sampled"]
+
+        def on_step(step: int, loss: float) -> bool:
+            watch.step(step, loss)
+            if watch.last_step == step:
+                ph = watch.history[-1].phases
+                span = f"plateau {ph.plateau[0]}–{ph.plateau[1]}" if ph else "no plateau"
+                if span != last_span[0]:
+                    tqdm.write(f"  step {step}: {span} ({watch.options.phase_metric})")
+                    last_span[0] = span
+            return watch.should_stop
+
+        steps = train_classifier(model, train_x, train_y, epochs=settings.epochs, seed=seed, on_step=on_step,
+                                 progress=True)
+        samples = len(watch.history)
+        stop_reason = watch.stop_reason
     train_seconds = time.perf_counter() - start
     acc = accuracy(model, test_x, test_y)
-    echo(f"trained {steps} steps in {train_seconds:.1f} s; held-out accuracy {acc:.3f}")
+    echo(f"trained {steps} steps in {train_seconds:.1f} s ({samples} samples); held-out accuracy {acc:.3f}"
+         + (f"; stopped early: {stop_reason}" if stop_reason else ""))
 
-    result = analyze(model, test_x, test_y, batch_size=len(test_x))
-    result.model.update({"arch": DIGITS_VIT_ARCH, "model_kwargs": kwargs, "held_out_accuracy": acc})
-    ckpt = save_checkpoint(out / "model.pt", DIGITS_VIT_ARCH, kwargs,
-                           model.state_dict(),
+    ckpt = save_checkpoint(out / "model.pt", DIGITS_VIT_ARCH, kwargs, model.state_dict(),
                            metadata={"held_out_accuracy": acc, "steps": steps})
-    paths = [ckpt, write_json(out / "analysis.json", result.to_dict()), plot_curves(result, out / "curves.png")]
+    result = analyze(model, test_x, test_y, batch_size=len(test_x))
+    result.model.update({"arch": DIGITS_VIT_ARCH, "model_kwargs": kwargs, "checkpoint": str(ckpt),
+                         "sha256": sha256_of(ckpt), "held_out_accuracy": acc})
+    analysis_path = write_json(out / "analysis.json", result.to_dict())
+    plot_curves(result, out / "curves.png")
     echo(analysis_table(result))
     echo(phases_line(result))
-    for path in paths:
-        echo(f"wrote {path}")
-    return {"accuracy": acc, "steps": steps, "train_seconds": train_seconds, "analysis": result}
+
+    keep = None  # the plateau sets the depth
+    if result.phases is None:
+        keep = max(1, settings.depth * 2 // 3)
+        echo(f"no plateau in {result.phase_metric}, so it cannot set the cut depth; for comparison the demo "
+             f"keeps {keep} of {settings.depth} blocks")
+    truncated = truncate(ckpt, out / "truncated.pt", analysis=analysis_path, strategy=DEFAULT_STRATEGY, keep=keep,
+                         epochs=settings.heal_epochs, report=out / "truncate_report.json", device=device,
+                         seed=seed, progress=True)
+    echo(report_table(truncated.report))
+    report_paths = write_report(out, out / "report")
+    echo(f"wrote {out}/: model.pt, analysis.json, curves.png, metrics.jsonl, alerts.jsonl, TensorBoard events, "
+         f"truncated.pt, truncate_report.json, {report_paths[-1].relative_to(out)}")
+    return {"accuracy": acc, "steps": steps, "train_seconds": train_seconds, "analysis": result,
+            "truncation": truncated.report, "samples": samples}

@@ -158,7 +158,7 @@ class Watch:
         if "probe_cls" in layers and "probe_patch_mean" in layers:
             cls_acc, patch_acc = layers["probe_cls"][-1], layers["probe_patch_mean"][-1]
             conditions["cls_marginalized"] = Condition(
-                cls_acc < patch_acc, f"[CLS] probe {cls_acc:.3f} < mean-patch probe {patch_acc:.3f} at the last block",
+                cls_acc < patch_acc, f"[CLS] probe {cls_acc:.3f} vs mean-patch probe {patch_acc:.3f} at the last block",
                 {"probe_cls": cls_acc, "probe_patch_mean": patch_acc})
         threshold = self.options.norm_friction_threshold
         if threshold is not None and "norm_friction" in layers:

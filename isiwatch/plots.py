@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from .analysis import Analysis
@@ -11,13 +12,26 @@ from .files import atomic_write
 PHASE_COLOURS = {"cliff": "#f4a582", "plateau": "#92c5de", "climb": "#a6dba0"}
 
 
-def plot_curves(analysis: Analysis, path: str | Path, metrics: list[str] | None = None) -> Path:
-    """One panel per metric over block index (stem points at −2/−1), phases of the phase metric shaded."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    with atomic_write(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_curves(analysis: Analysis, path: str | Path, metrics: list[str] | None = None) -> Path:
+    """One panel per metric over block index (stem points at −2/−1), phases of the phase metric shaded."""
+    plt = _pyplot()
     metrics = metrics or list(analysis.layers)
     cols = 3
     rows = math.ceil(len(metrics) / cols)
@@ -44,8 +58,47 @@ def plot_curves(analysis: Analysis, path: str | Path, metrics: list[str] | None 
     title += (f"plateau {phases.plateau[0]}–{phases.plateau[1]}" if phases else "no plateau")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    with atomic_write(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
+
+
+def plot_heatmaps(steps: Sequence[int], grids: dict[str, list[list[float]]], path: str | Path) -> Path:
+    """Depth × training-step heat-maps, one panel per metric; ``grids[metric]`` is (samples, depth)."""
+    import numpy as np
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(grids), figsize=(4.4 * len(grids), 3.4), squeeze=False)
+    for ax, (metric, rows) in zip(axes.flat, grids.items()):
+        grid = np.asarray(rows, dtype=float).T
+        image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest",
+                          extent=(steps[0], steps[-1], -0.5, grid.shape[0] - 0.5))
+        fig.colorbar(image, ax=ax, fraction=0.046)
+        ax.set_title(metric, fontsize=9)
+        ax.set_xlabel("training step", fontsize=8)
+        ax.set_ylabel("block", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_plateau_timeline(steps: Sequence[int], spans: Sequence[tuple[int, int] | None], depth: int,
+                          alerts: Sequence[tuple[int, str]], path: str | Path, metric: str) -> Path:
+    """The plateau span (blocks) at each sample, with alert records as vertical markers."""
+    import math
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    lo = [s[0] - 0.5 if s else math.nan for s in spans]
+    hi = [s[1] + 0.5 if s else math.nan for s in spans]
+    ax.fill_between(steps, lo, hi, step="mid", color=PHASE_COLOURS["plateau"], alpha=0.8, label="plateau")
+    colours = {"plateau_onset": "#d6604d", "isi_stall": "#b2182b", "cls_marginalized": "#762a83",
+               "non_finite": "#000000", "early_stop": "#1b7837"}
+    for step, kind in alerts:
+        ax.axvline(step, color=colours.get(kind, "#999999"), ls="--", lw=1)
+        ax.annotate(kind, (step, depth - 0.5), rotation=90, fontsize=7, va="top", ha="right")
+    ax.set_ylim(-0.5, depth - 0.5)
+    ax.set_xlabel("training step", fontsize=8)
+    ax.set_ylabel("block", fontsize=8)
+    ax.set_title(f"plateau of {metric} over training", fontsize=10)
+    ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    return _save(fig, path)
