@@ -51,20 +51,23 @@ def logged_series(watch: Watch) -> dict[str, float]:
 
 
 class WatchSlot:
-    """Holds the options until the framework hands over the model, then one ``Watch``.
+    """Holds the options until the framework hands over the model, then one ``Watch`` per run.
 
     State restored before the Watch exists (Lightning restores callbacks before ``on_fit_start``) waits
-    until it does; closing keeps the state, so a second ``fit``/``train`` continues where the first ended.
+    until it does. Closing keeps the state, so a second ``fit``/``train`` continues where the first ended,
+    and keeps the closed Watch for its ``history``, ``should_stop`` and ``stop_reason``.
     """
 
     def __init__(self, probe_images: Tensor, probe_labels: Tensor | None, watch_options: dict[str, Any]):
         self.probe_images, self.probe_labels, self.watch_options = probe_images, probe_labels, watch_options
         self.watch: Watch | None = None
+        self._open = False
         self._state: dict | None = None
 
     def open(self, model: nn.Module) -> Watch:
-        if self.watch is None:
+        if not self._open:
             self.watch = Watch(model, self.probe_images, self.probe_labels, **self.watch_options)
+            self._open = True
             if self._state is not None:
                 self.watch.load_state_dict(self._state)
         return self.watch
@@ -77,15 +80,15 @@ class WatchSlot:
         return logged_series(watch) if watch.last_step != before else None
 
     def state_dict(self) -> dict | None:
-        return self.watch.state_dict() if self.watch is not None else self._state
+        return self.watch.state_dict() if self._open else self._state
 
     def load_state_dict(self, state: dict) -> None:
         self._state = state
-        if self.watch is not None:
+        if self._open:
             self.watch.load_state_dict(state)
 
     def close(self) -> None:
-        if self.watch is not None:
+        if self._open:
             self._state = self.watch.state_dict()
             self.watch.close()
-            self.watch = None
+            self._open = False

@@ -66,7 +66,7 @@ def test_callback_logs_exports_checkpoints_and_does_not_perturb(digits, tmp_path
         rows = list(csv.DictReader(fh))
     assert [int(r["step"]) for r in rows if r.get("isiwatch/probe_cls/last")] == [2, 4, 6]
     assert {"isiwatch/isi/mean", "isiwatch/plateau/length", "isiwatch/loss"} <= set(rows[0])
-    assert watch_cb.watch is None  # closed at teardown
+    assert watch_cb.watch.jsonl is None and len(watch_cb.watch.history) == 3  # closed at teardown, kept
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in watched.modules())
 
     saved = torch.load(tmp_path / "ckpt" / "epoch=0-step=6.ckpt", weights_only=True)["callbacks"]["ISIWatchCallback"]
@@ -83,6 +83,6 @@ def test_isiwatch_stop_ends_lightning_training(digits, tmp_path):
     watch_cb = ISIWatchCallback(px, py, every_n_steps=2, log_dir=tmp_path, monitor="loss", warmup=1,
                                 stopping_threshold=100.0)
     trainer, _ = fit(tmp_path, data, [watch_cb], max_steps=50)
-    assert trainer.global_step == 4 and trainer.should_stop
+    assert trainer.global_step == 4 and trainer.should_stop and "stopping threshold" in watch_cb.watch.stop_reason
     records = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert [(r["kind"], r["step"]) for r in records if r["kind"] == "early_stop"] == [("early_stop", 4)]

@@ -1,0 +1,53 @@
+"""isiwatch in a Hugging Face Trainer run: a small transformers ViT (built from a config, no download) on the
+embedded MNIST digits; the isiwatch summary reaches the Trainer's TensorBoard logs.
+
+    python examples/transformers_example.py --steps 300 --out runs/transformers
+    tensorboard --logdir runs/transformers
+"""
+
+import argparse
+
+import torch
+from isiwatch.integrations.transformers import ISIWatchCallback, add_callback
+from transformers import Trainer, TrainingArguments, ViTConfig, ViTForImageClassification
+
+from isiwatch.data import DIGITS_TRAIN, embedded_digits
+
+
+class Digits(torch.utils.data.Dataset):
+    def __init__(self, images, labels):
+        self.images, self.labels = images, labels
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        return {"pixel_values": self.images[i], "labels": self.labels[i]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--every", type=int, default=50, help="sample every N optimizer steps")
+    parser.add_argument("--out", default="runs/transformers")
+    args = parser.parse_args()
+
+    images, labels = embedded_digits()
+    probe_x, probe_y = images[DIGITS_TRAIN:DIGITS_TRAIN + 256], labels[DIGITS_TRAIN:DIGITS_TRAIN + 256]
+    torch.manual_seed(0)
+    model = ViTForImageClassification(ViTConfig(image_size=28, patch_size=7, num_channels=1, hidden_size=64,
+                                                num_hidden_layers=8, num_attention_heads=4, intermediate_size=256,
+                                                num_labels=10))
+    training = TrainingArguments(output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=128,
+                                 learning_rate=1e-3, use_cpu=True, logging_steps=args.every, save_strategy="no",
+                                 report_to="tensorboard", disable_tqdm=True)
+    trainer = Trainer(model=model, args=training, train_dataset=Digits(images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN]))
+    isiwatch_cb = ISIWatchCallback(probe_x, probe_y, every_n_steps=args.every, log_dir=f"{args.out}/isiwatch",
+                                   stop_on_plateau=True)
+    add_callback(trainer, isiwatch_cb)  # ahead of the reporting callbacks, so TensorBoard gets the isiwatch summary
+    trainer.train()
+    print(f"stopped at step {trainer.state.global_step}: {isiwatch_cb.watch.stop_reason or 'max_steps'}")
+
+
+if __name__ == "__main__":
+    main()
