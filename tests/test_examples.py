@@ -15,3 +15,12 @@ def test_plain_loop_example(tmp_path):
     assert "last sample at step 4" in proc.stdout
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [2, 4]
+
+
+def test_truncate_example(tmp_path):
+    out = tmp_path / "t.pt"
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "truncate_example.py"), "--out", str(out),
+                           "--train-epochs", "1", "--heal-epochs", "1"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "kept source blocks" in proc.stdout and out.is_file()
