@@ -14,17 +14,6 @@ from transformers import Trainer, TrainingArguments, ViTConfig, ViTForImageClass
 from isiwatch.data import DIGITS_TRAIN, embedded_digits
 
 
-class Digits(torch.utils.data.Dataset):
-    def __init__(self, images, labels):
-        self.images, self.labels = images, labels
-
-    def __len__(self):
-        return len(self.images)
-
-    def __getitem__(self, i):
-        return {"pixel_values": self.images[i], "labels": self.labels[i]}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=300)
@@ -41,7 +30,8 @@ def main() -> None:
     training = TrainingArguments(output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=128,
                                  learning_rate=1e-3, use_cpu=True, logging_steps=args.every, save_strategy="no",
                                  report_to="tensorboard", disable_tqdm=True)
-    trainer = Trainer(model=model, args=training, train_dataset=Digits(images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN]))
+    train = [{"pixel_values": images[i], "labels": labels[i]} for i in range(DIGITS_TRAIN)]
+    trainer = Trainer(model=model, args=training, train_dataset=train)
     isiwatch_cb = ISIWatchCallback(probe_x, probe_y, every_n_steps=args.every, log_dir=f"{args.out}/isiwatch",
                                    stop_on_plateau=True)
     add_callback(trainer, isiwatch_cb)  # ahead of the reporting callbacks, so TensorBoard gets the isiwatch summary

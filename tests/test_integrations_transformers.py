@@ -9,23 +9,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformers import Trainer, TrainingArguments, ViTConfig, ViTForImageClassification
 
 
-class Digits(torch.utils.data.Dataset):
-    def __init__(self, images, labels):
-        self.images, self.labels = images, labels
-
-    def __len__(self):
-        return len(self.images)
-
-    def __getitem__(self, i):
-        return {"pixel_values": self.images[i], "labels": self.labels[i]}
-
-
 @pytest.fixture(scope="module")
 def digits():
     from isiwatch.data import embedded_digits
 
     x, y = embedded_digits()
-    return Digits(x[:256], y[:256]), x[4000:4048], y[4000:4048]
+    return [{"pixel_values": x[i], "labels": y[i]} for i in range(256)], x[4000:4048], y[4000:4048]
 
 
 def tiny_hf_vit():
