@@ -146,9 +146,9 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
     return mean, T95.get(len(values), 1.96) * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def fmt(values: list[float], scale: float = 100.0, signed: bool = False) -> str:
+def fmt(values: list[float], scale: float = 100.0, signed: bool = False, digits: int = 2) -> str:
     mean, ci = mean_ci([v * scale for v in values])
-    return f"{mean:+.2f} ± {ci:.2f}" if signed else f"{mean:.2f} ± {ci:.2f}"
+    return f"{mean:{'+' if signed else ''}.{digits}f} ± {ci:.{digits}f}"
 
 
 def table(results: list[dict], digits_overhead: dict, latency: dict) -> str:
@@ -166,7 +166,7 @@ def table(results: list[dict], digits_overhead: dict, latency: dict) -> str:
             f"| {over['flops'] / digits_overhead['baseline']['flops']:.4f} | {latency[name]:.2f} "
             f"| {fmt([r['accuracy'] for r in rows])} | {fmt(d_acc, signed=True)} "
             f"| {fmt([r['dense'] for r in rows])} | {fmt(d_dense, signed=True)} "
-            f"| {fmt([max(r['friction']) for r in rows], scale=1.0)} |")
+            f"| {fmt([max(r['friction']) for r in rows], scale=1.0, digits=4)} |")
     return "\n".join(lines)
 
 
