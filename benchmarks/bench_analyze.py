@@ -37,6 +37,18 @@ def timed(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def interleaved(fns: dict, repeats: int) -> tuple[dict[str, float], dict]:
+    """Median wall time of each function, run in alternation so machine noise hits all alike."""
+    outs = {name: fn() for name, fn in fns.items()}  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            outs[name] = fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}, outs
+
+
 def naive_activations(model, images):
     """Every block's X, Y, Z and attention probabilities, kept in memory (unfused attention)."""
     model = copy.deepcopy(model).eval()
@@ -49,7 +61,7 @@ def naive_activations(model, images):
         xs, ys, zs = [], [], []
         for blk in model.blocks:
             y = x + blk.ls1(blk.attn(blk.norm1(x)))
-            z = x + blk.ls2(blk.mlp(blk.norm2(y)))  # same as blk(x) in eval mode
+            z = y + blk.ls2(blk.mlp(blk.norm2(y)))  # same as blk(x) in eval mode
             xs.append(x), ys.append(y), zs.append(z)
             x = z
     return xs, ys, zs, store["A"]
@@ -94,8 +106,10 @@ def our_probes(zs, labels, p):
 
 def bench(name, model, images, labels, repeats, with_naive=True):
     p = model.num_prefix_tokens
-    t_plain, _ = timed(lambda: _plain(model, images), repeats)
-    t_ours, analysis = timed(lambda: isiwatch.analyze(model, images, labels, batch_size=len(images)), repeats)
+    times, outs = interleaved({"plain": lambda: _plain(model, images),
+                               "ours": lambda: isiwatch.analyze(model, images, labels, batch_size=len(images))},
+                              repeats)
+    t_plain, t_ours, analysis = times["plain"], times["ours"], outs["ours"]
     print(f"\n### {name}: {len(images)} images, {len(model.blocks)} blocks")
     print(f"plain forward        {t_plain * 1e3:8.1f} ms   1.00x")
     print(f"isiwatch.analyze     {t_ours * 1e3:8.1f} ms   {t_ours / t_plain:.2f}x  (all metrics + both probes)")

@@ -40,23 +40,29 @@ def _token_change(ux: Tensor, uy: Tensor) -> Tensor:
     return 1.0 - torch.linalg.vecdot(ux, uy).mean(-1)
 
 
-def attention_logits(q: Tensor, k: Tensor, scale: float) -> Tensor:
-    """Pre-softmax attention scores (B,H,T,T)."""
-    return (q * scale) @ k.transpose(-2, -1)
+#: Attention scores handled per chunk of images (elements), so the softmax passes stay in cache.
+SCORE_CHUNK = 1 << 19
 
 
-def attention_stats(logits: Tensor, p: int, has_cls: bool) -> tuple[Tensor, Tensor | None]:
-    """(attn_entropy, cls_attention_share) from the scores, without materialising log A.
+def attention_stats(q: Tensor, k: Tensor, scale: float, p: int, has_cls: bool) -> tuple[Tensor, Tensor | None]:
+    """(attn_entropy, cls_attention_share) per image from q, k (B,H,T,hd), without materialising log A.
 
-    Entropy of softmax rows is ``logsumexp(s) − Σ A·s``, normalised by ln T (0 = one source, 1 = uniform);
+    Entropy of a softmax row is ``logsumexp(s) − Σ A·s``, normalised by ln T (0 = one source, 1 = uniform);
     the [CLS] share is T · mean attention that patch queries pay to [CLS] (1 = uniform).
     """
-    t = logits.shape[-1]
-    lse = logits.logsumexp(-1, keepdim=True)
-    a = (logits - lse).exp_()
-    entropy = (lse.squeeze(-1) - torch.linalg.vecdot(a, logits)).mean((1, 2)) / math.log(t)
-    share = t * a[:, :, p:, 0].mean((1, 2)) if has_cls else None
-    return entropy, share
+    b, h, t, _ = q.shape
+    step = max(1, SCORE_CHUNK // (h * t * t))
+    entropy = q.new_empty(b)
+    share = q.new_empty(b) if has_cls else None
+    for i in range(0, b, step):
+        scores = torch.matmul(q[i:i + step], k[i:i + step].transpose(-2, -1)).mul_(scale)
+        lse = scores.logsumexp(-1, keepdim=True)
+        a = (scores - lse).exp_()
+        entropy[i:i + step] = (lse.squeeze(-1) - torch.linalg.vecdot(a, scores)).mean((1, 2))
+        if share is not None:
+            share[i:i + step] = a[:, :, p:, 0].mean((1, 2))
+    entropy /= math.log(t)
+    return entropy, share * t if share is not None else None
 
 
 def token_similarity(z: Tensor, p: int, center: Tensor | None = None) -> Tensor:
@@ -93,7 +99,7 @@ def block_metrics(bt: BlockTensors, p: int, has_cls: bool) -> dict[str, Tensor]:
     Each tensor is normalised once and shared between the metrics that need it.
     """
     ux = unit(bt.x)
-    entropy, share = attention_stats(attention_logits(bt.q, bt.k, bt.scale), p, has_cls)
+    entropy, share = attention_stats(bt.q, bt.k, bt.scale, p, has_cls)
     out = {"attn_token_change": _token_change(ux, unit(bt.y)), "attn_entropy": entropy,
            "token_similarity": token_similarity(bt.z, p)}
     if has_cls:
