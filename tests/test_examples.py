@@ -24,3 +24,31 @@ def test_truncate_example(tmp_path):
                           timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "kept source blocks" in proc.stdout and out.is_file()
+
+
+def run_example(name, *args):
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name), *map(str, args)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def sampled_steps(root):
+    """Steps recorded in the one metrics.jsonl written somewhere below ``root``."""
+    (path,) = Path(root).rglob("metrics.jsonl")
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+def test_lightning_example(tmp_path):
+    run_example("lightning_example.py", "--steps", 4, "--every", 2, "--log-dir", tmp_path)
+    assert sampled_steps(tmp_path) == [2, 4]
+
+
+def test_transformers_example(tmp_path):
+    run_example("transformers_example.py", "--steps", 4, "--every", 2, "--out", tmp_path)
+    assert sampled_steps(tmp_path)[:2] == [2, 4]
+
+
+def test_timm_train_example(tmp_path):
+    run_example("timm_train_example.py", "--epochs", 1, "--every", 2, "--log-dir", tmp_path)
+    assert sampled_steps(tmp_path)[:1] == [2]
