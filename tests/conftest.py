@@ -6,4 +6,6 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 import torch  # noqa: E402
 
-torch.set_num_threads(2)
+# One torch thread per test process: the suite also runs subprocesses (DDP ranks, Prometheus, Chromium) and
+# with two threads a busy 2-core machine makes every small forward spin-wait.
+torch.set_num_threads(1)
