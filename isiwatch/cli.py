@@ -206,7 +206,7 @@ def truncate(checkpoint, out, analysis, data, strategy, keep, train_last, epochs
 @main.command()
 @click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Output checkpoint (load it back with isiwatch.load_specialized or load_checkpoint().build()).")
+              help="Output checkpoint; isiwatch.checkpoint.load_checkpoint(OUT).build() loads it back.")
 @click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
 @click.option("--norms/--no-norms", default=True, show_default=True,
               help="Prefix-token affine parameters in every block's norm1 and norm2.")
