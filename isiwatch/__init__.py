@@ -2,11 +2,13 @@
 
 from .alerts import Alert
 from .analysis import METRICS, Analysis, analyze
+from .friction import friction_alert
 from .monitor import Watch
 from .phases import Phases, detect_phases
+from .specialize import specialize
 from .taps import TapError, custom_parts, vit_parts
 
 __version__ = "0.1.0"
 
-__all__ = ["METRICS", "Alert", "Analysis", "Watch", "Phases", "TapError", "analyze", "custom_parts", "detect_phases",
-           "vit_parts", "__version__"]
+__all__ = ["METRICS", "Alert", "Analysis", "Phases", "TapError", "Watch", "__version__", "analyze", "custom_parts",
+           "detect_phases", "friction_alert", "specialize", "vit_parts"]

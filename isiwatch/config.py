@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from .friction import FRICTION_THRESHOLD
+
 
 class ConfigError(ValueError):
     """An invalid option; the message names the key (and the file and line for YAML)."""
@@ -40,7 +42,7 @@ class WatchOptions:
     isi_stall_window: int = 5
     isi_stall_min_rise: float = 0.01
     isi_stall_min_loss_drop: float = 0.01
-    norm_friction_threshold: float | None = None
+    norm_friction_threshold: float | None = FRICTION_THRESHOLD
     monitor: str | None = None
     mode: str = "min"
     min_delta: float = 0.0

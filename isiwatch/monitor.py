@@ -20,6 +20,7 @@ from .alerts import Alert, AlertEngine, Condition, log_sink
 from .analysis import METRICS, analyze
 from .config import build_options
 from .exporters import JsonlExporter, PrometheusExporter, TensorBoardExporter
+from .friction import friction_alert
 from .phases import PlateauTracker
 from .sample import Sample
 from .stopping import EarlyStopping, PlateauStopping
@@ -162,10 +163,9 @@ class Watch:
                 {"probe_cls": cls_acc, "probe_patch_mean": patch_acc})
         threshold = self.options.norm_friction_threshold
         if threshold is not None and "norm_friction" in layers:
-            peak = max(layers["norm_friction"])
-            conditions["norm_friction_high"] = Condition(
-                peak > threshold, f"norm_friction peaks at {peak:.3f} (> {threshold}): token-specialised norms "
-                "(isiwatch specialize) may help", {"peak": peak, "threshold": threshold})
+            found = friction_alert(layers, threshold)
+            conditions["norm_friction_high"] = Condition(found is not None, found["message"] if found else "",
+                                                         found["data"] if found else {})
         return conditions
 
     def _isi_stall(self, sample: Sample) -> Condition:

@@ -262,3 +262,15 @@ def test_memory_flat_over_2000_samples_and_hooks_removed(digits, tmp_path):
     assert tensor_growth <= 0, tensor_growth
     assert rss_growth < 16 * 2**20, rss_growth
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_norm_friction_alert_is_wired_and_informational(digits):
+    _, _, px, py = digits
+    model = tiny_vit()
+    assert Watch(model, px, py, every_n_steps=1).options.norm_friction_threshold == 0.1
+    quiet = Watch(model, px, py, every_n_steps=1)
+    assert all(a.kind != "norm_friction_high" for a in quiet.step(1))  # random ViTs have ~0 friction
+    loud = Watch(model, px, py, every_n_steps=1, norm_friction_threshold=-1.0)  # every block exceeds it
+    (alert,) = [a for a in loud.step(1) if a.kind == "norm_friction_high"]
+    assert alert.severity == "info" and "isiwatch specialize" in alert.message
+    assert alert.data["blocks_above"] == [0, 1, 2, 3]
