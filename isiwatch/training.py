@@ -102,8 +102,9 @@ def train_classifier(
                 scheduler.step()
                 step += 1
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}")
-                if (on_step is not None and on_step(step, float(loss))) or step == total:
+                value = loss.item()
+                bar.set_postfix(loss=f"{value:.3f}")
+                if (on_step is not None and on_step(step, value)) or step == total:
                     return step
     finally:
         bar.close()
