@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from .files import finite_or_none
 from .metrics import BLOCK_METRICS, block_metrics, isi, token_similarity
 from .phases import Phases, detect_phases
 from .probes import probe_accuracy, split_indices
@@ -58,14 +59,11 @@ class Analysis:
 
     def to_dict(self) -> dict:
         """The ``analysis.json`` schema; non-finite numbers become null."""
-        def num(v: float) -> float | None:
-            return v if math.isfinite(v) else None
-
-        rows = [{"index": i, **{m: num(v[i]) for m, v in self.layers.items()}} for i in range(self.depth)]
+        rows = [{"index": i, **{m: finite_or_none(v[i]) for m, v in self.layers.items()}} for i in range(self.depth)]
         phases = {"metric": self.phase_metric, "plateau": None, "cliff": None, "climb": None, "length": 0}
         if self.phases is not None:
             phases.update(self.phases.to_dict())
-        stem = {p: {m: num(v) for m, v in vals.items()} for p, vals in self.stem.items()}
+        stem = {p: {m: finite_or_none(v) for m, v in vals.items()} for p, vals in self.stem.items()}
         return {"model": self.model, "layers": rows, "stem": stem, "phases": phases, "options": self.options}
 
     @classmethod

@@ -69,16 +69,17 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
                alert_callback=print_alert) as watch:
         if watch.prometheus and watch.prometheus.port:
             echo(f"Prometheus metrics at http://127.0.0.1:{watch.prometheus.port}/metrics while training")
-        last_span = ["not sampled"]
+        last_span = "not sampled"
 
         def on_step(step: int, loss: float) -> bool:
+            nonlocal last_span
             watch.step(step, loss)
             if watch.last_step == step:
                 ph = watch.history[-1].phases
                 span = f"plateau {ph.plateau[0]}–{ph.plateau[1]}" if ph else "no plateau"
-                if span != last_span[0]:
+                if span != last_span:
                     tqdm.write(f"  step {step}: {span} ({watch.options.phase_metric})")
-                    last_span[0] = span
+                    last_span = span
             return watch.should_stop
 
         steps = train_classifier(model, train_x, train_y, epochs=settings.epochs, seed=seed, on_step=on_step,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -26,6 +27,11 @@ def atomic_write(path: str | Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """JSON has no NaN/Inf: non-finite numbers are written as null."""
+    return value if value is None or math.isfinite(value) else None
 
 
 def write_json(path: str | Path, data) -> Path:

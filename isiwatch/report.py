@@ -17,7 +17,8 @@ from pathlib import Path
 from .analysis import Analysis
 from .files import atomic_write
 from .plots import plot_curves, plot_heatmaps, plot_plateau_timeline
-from .tables import SHORT_NAMES, phase_of
+from .tables import analysis_rows
+from .truncate import report_rows
 
 HEATMAP_METRICS = ("isi", "token_similarity", "probe_cls", "probe_patch_mean")
 
@@ -112,21 +113,10 @@ def _summary(records: RunRecords) -> str:
     return _table(["", ""], rows)
 
 
-def _analysis_table(analysis: Analysis) -> str:
-    metrics = list(analysis.layers)
-    rows = [[i, *(analysis.layers[m][i] for m in metrics), phase_of(analysis, i)] for i in range(analysis.depth)]
-    return _table(["block", *(SHORT_NAMES.get(m, m) for m in metrics), "phase"], rows)
-
-
 def _truncation_table(report: dict) -> str:
-    cost, acc, agree = report["cost"], report["accuracy"], report["agreement"]
-    rows = [[name, cost[kind]["blocks"], cost[kind]["parameters"], cost[kind]["flops_per_image"] / 1e6,
-             cost[kind]["latency_ms"], acc[name], agree.get(name, 1.0)]
-            for name, kind in (("uncut", "uncut"), ("cut", "truncated"), ("healed", "truncated"))]
     caption = (f"strategy {report['strategy']}, kept blocks {report['kept_blocks']}, "
                f"{report['healing_steps']} healing steps")
-    return f"<p>{html.escape(caption)}</p>" + _table(
-        ["model", "blocks", "params", "MFLOPs/img", "latency ms", "held-out acc", "agreement"], rows)
+    return f"<p>{html.escape(caption)}</p>" + _table(*report_rows(report))
 
 
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -151,7 +141,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> list[Pat
              _summary(records)]
     if "curves" in plots:
         parts += ["<h2>Per-layer curves of the trained model</h2>", _img(plots["curves"], "per-layer curves"),
-                  _analysis_table(records.analysis)]
+                  _table(*analysis_rows(records.analysis))]
     parts += ["<h2>Depth × training step</h2>", _img(plots["heatmaps"], "heat-maps"),
               "<h2>Plateau over training</h2>", _img(plots["plateau"], "plateau timeline"),
               "<h2>Alerts</h2>", _table(["step", "kind", "severity", "message"], alerts) if alerts

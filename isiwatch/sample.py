@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .files import finite_or_none
 from .phases import Phases
 
 
@@ -49,10 +50,7 @@ class Sample:
         return None
 
     def to_dict(self, run: str) -> dict:
-        def num(v):
-            return v if v is None or math.isfinite(v) else None
-
-        return {"step": self.step, "time": self.time, "run": run, "loss": num(self.loss),
+        return {"step": self.step, "time": self.time, "run": run, "loss": finite_or_none(self.loss),
                 "duration_s": self.duration_s,
-                "layers": {m: [num(v) for v in vals] for m, vals in self.layers.items()},
+                "layers": {m: [finite_or_none(v) for v in vals] for m, vals in self.layers.items()},
                 "phases": self.phases.to_dict() if self.phases else None}

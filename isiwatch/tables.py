@@ -37,14 +37,18 @@ def phase_of(analysis: Analysis, index: int) -> str:
     return ""
 
 
-def analysis_table(analysis: Analysis) -> str:
-    """One row per block (stem points first) with every metric and the block's phase."""
+def analysis_rows(analysis: Analysis) -> tuple[list[str], list[list]]:
+    """Header and rows: one row per block (stem points first) with every metric and the block's phase."""
     metrics = list(analysis.layers)
     header = ["layer", *(SHORT_NAMES.get(m, m) for m in metrics), "phase"]
     rows = [[point, *(analysis.stem[point].get(m, math.nan) for m in metrics), ""]
             for point in ("pre_pe", "embed") if point in analysis.stem]
     rows += [[i, *(analysis.layers[m][i] for m in metrics), phase_of(analysis, i)] for i in range(analysis.depth)]
-    return format_table(header, rows)
+    return header, rows
+
+
+def analysis_table(analysis: Analysis) -> str:
+    return format_table(*analysis_rows(analysis))
 
 
 def phases_line(analysis: Analysis) -> str:

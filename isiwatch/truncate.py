@@ -322,8 +322,8 @@ def _report(ckpt, uncut: nn.Module, model: nn.Module, split: Split, reference: T
                                                                                      ("healed", after))}}
 
 
-def report_table(report: dict) -> str:
-    """Before/after table: blocks, parameters, FLOPs, latency, held-out accuracy, agreement with uncut."""
+def report_rows(report: dict) -> tuple[list[str], list[list]]:
+    """Before/after header and rows: blocks, parameters, FLOPs, latency, held-out accuracy, agreement."""
     cost, acc, agree = report["cost"], report["accuracy"], report["agreement"]
     header = ["model", "blocks", "params", "MFLOPs/img", f"latency ms/{report['latency_batch']}", "accuracy",
               "agreement"]
@@ -332,5 +332,10 @@ def report_table(report: dict) -> str:
         c = cost[kind]
         rows.append([name, c["blocks"], c["parameters"], c["flops_per_image"] / 1e6, c["latency_ms"], acc[name],
                      agree.get(name, 1.0)])
+    return header, rows
+
+
+def report_table(report: dict) -> str:
+    """The before/after table as text, with the kept blocks and the strategy."""
     kept = ", ".join(map(str, report["kept_blocks"]))
-    return f"{format_table(header, rows)}\nkept blocks {kept} ({report['strategy']})"
+    return f"{format_table(*report_rows(report))}\nkept blocks {kept} ({report['strategy']})"
