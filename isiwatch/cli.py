@@ -118,14 +118,16 @@ DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), de
 @DEVICE
 def analyze(checkpoint, arch, data, images, out, metric, isi_recon, batch_size, no_ema, device) -> None:
     """Per-layer diagnostics of a trained ViT checkpoint."""
+    from .depth import recommend_depth
     from .offline import analyze_checkpoint
-    from .tables import analysis_table, phases_line
+    from .tables import analysis_table, phases_line, recommendation_text
 
     result, paths = analyze_checkpoint(checkpoint, arch=arch, data=data, images=images, out=out, metric=metric,
                                        with_isi_recon=isi_recon, batch_size=batch_size, prefer_ema=not no_ema,
                                        device=_device(device))
     click.echo(analysis_table(result))
     click.echo(phases_line(result))
+    click.echo(f"recommended depth: {recommendation_text(recommend_depth(result).to_dict())}")
     for path in paths:
         click.echo(f"wrote {path}")
 
@@ -161,7 +163,8 @@ def report(run_dir, out) -> None:
 
 # --- truncate command (issue 6) goes here ---
 
-from .truncate import DEFAULT_STRATEGY, HEAL_EPOCHS, HEAL_LR, STRATEGIES  # noqa: E402  (option choices)
+from .cut_search import DEFAULT_BUDGET, DEFAULT_MAX_DROP  # noqa: E402  (option defaults)
+from .truncate import DEFAULT_STRATEGY, HEAL_EPOCHS, HEAL_LR, STRATEGIES  # noqa: E402
 
 
 @main.command()
@@ -172,9 +175,14 @@ from .truncate import DEFAULT_STRATEGY, HEAL_EPOCHS, HEAL_LR, STRATEGIES  # noqa
               help="analysis.json of this checkpoint (default: analyse it on --data).")
 @click.option("--data", default="mnist", show_default=True,
               help="Healing and held-out images: 'mnist' (the embedded digits) or an ImageFolder directory.")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default=DEFAULT_STRATEGY, show_default=True,
-              help="Which blocks to drop.")
-@click.option("--keep", type=int, help="Blocks to keep (default: what the plateau cut leaves).")
+@click.option("--strategy", type=click.Choice(("auto", *STRATEGIES)),
+              help=f"Which blocks to drop [default: auto; {DEFAULT_STRATEGY} with --keep]. auto: the cheapest "
+                   "healed cut within --max-drop.")
+@click.option("--keep", type=int, help="Blocks to keep (default: the plateau cut's depth for plateau, the "
+                                       "recommended depth for the other fixed strategies).")
+@click.option("--max-drop", type=float, help=f"auto: validation accuracy points a cut may lose [default: "
+                                             f"{DEFAULT_MAX_DROP:g}].")
+@click.option("--budget", type=int, help=f"auto: candidates healed at most [default: {DEFAULT_BUDGET}].")
 @click.option("--train-last", type=int, help="Kept blocks to fine-tune, counted from the end (default: half).")
 @click.option("--epochs", type=int, default=HEAL_EPOCHS, show_default=True, help="Healing epochs (0: cut only).")
 @click.option("--lr", type=float, default=HEAL_LR, show_default=True, help="Peak healing learning rate.")
@@ -188,15 +196,24 @@ from .truncate import DEFAULT_STRATEGY, HEAL_EPOCHS, HEAL_LR, STRATEGIES  # noqa
 @click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Healing order and random strategy seed.")
 @DEVICE
-def truncate(checkpoint, out, analysis, data, strategy, keep, train_last, epochs, lr, distill, metric, images, fmt,
-             report, arch, no_ema, seed, device) -> None:
-    """Cut a trained ViT at its plateau (or by another strategy) and heal it by fine-tuning its late blocks."""
-    from .truncate import report_table, truncate
+def truncate(checkpoint, out, analysis, data, strategy, keep, max_drop, budget, train_last, epochs, lr, distill,
+             metric, images, fmt, report, arch, no_ema, seed, device) -> None:
+    """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
+    fine-tuning its late blocks."""
+    from .truncate import candidates_table, report_table, truncate
 
-    result = truncate(checkpoint, out, analysis=analysis, data=data, strategy=strategy, keep=keep,
+    if (max_drop is not None or budget is not None) and (strategy or ("auto" if keep is None else "")) != "auto":
+        raise click.UsageError("--max-drop and --budget apply to --strategy auto only")
+    auto = {"max_drop": DEFAULT_MAX_DROP if max_drop is None else max_drop,
+            "budget": DEFAULT_BUDGET if budget is None else budget}
+    result = truncate(checkpoint, out, analysis=analysis, data=data, strategy=strategy, keep=keep, **auto,
                       train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images,
                       fmt=fmt, report=report, arch=arch, prefer_ema=not no_ema, device=_device(device), seed=seed,
                       progress=True)
+    if result.report["search"]:
+        click.echo(candidates_table(result.report))
+        if result.report["search"]["message"]:
+            click.echo(result.report["search"]["message"])
     click.echo(report_table(result.report))
     for path in result.paths:
         click.echo(f"wrote {path}")

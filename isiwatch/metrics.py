@@ -15,8 +15,8 @@ from torch import Tensor
 from .taps import BlockTensors
 
 #: Metrics computed on every block, in the order they are reported.
-BLOCK_METRICS = ("attn_token_change", "attn_entropy", "isi", "token_similarity", "cls_attention_share",
-                 "cls_patch_cos", "norm_friction")
+BLOCK_METRICS = ("attn_token_change", "attn_entropy", "isi", "token_similarity", "block_influence",
+                 "cls_attention_share", "cls_patch_cos", "norm_friction")
 #: Metrics that need a [CLS] token.
 CLS_METRICS = ("cls_attention_share", "cls_patch_cos", "norm_friction", "probe_cls")
 
@@ -96,12 +96,14 @@ def norm_friction(x: Tensor, x_normed: Tensor, p: int) -> Tensor:
 def block_metrics(bt: BlockTensors, p: int, has_cls: bool) -> dict[str, Tensor]:
     """Per-image block metrics of SPEC §3 for one block (``isi`` is formed from their batch means).
 
-    Each tensor is normalised once and shared between the metrics that need it.
+    ``block_influence`` is ShortGPT's block influence, 1 − cos(X, Z) between the block's input and output
+    averaged over tokens: 0 for a block that changes nothing. Each tensor is normalised once and shared
+    between the metrics that need it.
     """
     ux = unit(bt.x)
     entropy, share = attention_stats(bt.q, bt.k, bt.scale, p, has_cls)
     out = {"attn_token_change": _token_change(ux, unit(bt.y)), "attn_entropy": entropy,
-           "token_similarity": token_similarity(bt.z, p)}
+           "token_similarity": token_similarity(bt.z, p), "block_influence": _token_change(ux, unit(bt.z))}
     if has_cls:
         out["cls_attention_share"] = share
         out["cls_patch_cos"] = cls_patch_cos(bt.z, p)

@@ -1,8 +1,9 @@
 """``Watch``: the training-time monitor.
 
 Every ``every_n_steps`` optimizer steps it runs one probe pass on a fixed probe batch, records the
-per-layer curves, detects the phases and plateau onset, raises alerts, updates early stopping and
-exports to TensorBoard, Prometheus and JSONL. Between sampling steps ``step()`` is a modulo and a return.
+per-layer curves, detects the phases and plateau onset, recommends a depth (:mod:`isiwatch.depth`), raises
+alerts, updates early stopping and exports to TensorBoard, Prometheus and JSONL. Between sampling steps
+``step()`` is a modulo and a return.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 from .alerts import Alert, AlertEngine, Condition, log_sink
 from .analysis import METRICS, analyze
 from .config import build_options
+from .depth import recommend_depth
 from .exporters import JsonlExporter, PrometheusExporter, TensorBoardExporter
 from .friction import friction_alert
 from .phases import PlateauTracker
@@ -127,8 +129,9 @@ class Watch:
                            batch_size=self.options.probe_batch_size, with_isi_recon=self.options.with_isi_recon,
                            phase_metric=self.options.phase_metric,
                            phase_options={"min_layers": self.options.min_layers}, parts=self._parts)
+        recommendation = recommend_depth(analysis)
         sample = Sample(global_step, time.time(), analysis.layers, analysis.phases,
-                        time.perf_counter() - start, loss)
+                        time.perf_counter() - start, loss, recommendation)
         self.history.append(sample)
         self.tracker.update(global_step, sample.phases)
         alerts = self.alerts.update(global_step, self._conditions(sample))

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from .analysis import METRICS, Analysis, analyze
 from .checkpoint import load_checkpoint
 from .data import MNIST_MEAN, MNIST_STD, fit_to_model, held_out_digits, image_folder
+from .depth import recommend_depth
 from .files import write_json
 from .plots import plot_curves
 
@@ -24,6 +25,12 @@ def probe_images(model: nn.Module, data: str, count: int) -> tuple[Tensor, Tenso
     mean = cfg.get("mean", (MNIST_MEAN,) * 3) if in_chans == 3 else (MNIST_MEAN,)
     std = cfg.get("std", (MNIST_STD,) * 3) if in_chans == 3 else (MNIST_STD,)
     return image_folder(data, img_size, in_chans, mean, std, limit=count)
+
+
+def analysis_record(analysis: Analysis) -> dict:
+    """The ``analysis.json`` content: :meth:`Analysis.to_dict` plus ``recommendation``, the depth
+    :func:`~isiwatch.depth.recommend_depth` reads from the curves (``Analysis.from_dict`` ignores it)."""
+    return {**analysis.to_dict(), "recommendation": recommend_depth(analysis).to_dict()}
 
 
 def analyze_checkpoint(
@@ -54,6 +61,6 @@ def analyze_checkpoint(
     paths: list[Path] = []
     if out is not None:
         out = Path(out)
-        paths = [write_json(out / "analysis.json", result.to_dict()), plot_curves(result, out / "curves.png")]
+        paths = [write_json(out / "analysis.json", analysis_record(result)), plot_curves(result, out / "curves.png")]
     return result, paths
 

@@ -1,7 +1,8 @@
 """``isiwatch report RUN_DIR``: plots and one self-contained HTML page of a monitored run.
 
 Reads what a Watch with ``log_dir`` writes (``metrics.jsonl``, ``alerts.jsonl``) plus, when present,
-``analysis.json`` (the final offline analysis) and ``truncate_report.json`` (the demo's truncation).
+``analysis.json`` (the final offline analysis, with its depth recommendation when it was written with one)
+and ``truncate_report.json`` (the demo's truncation).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from .analysis import Analysis
 from .files import atomic_write
 from .plots import plot_curves, plot_heatmaps, plot_plateau_timeline
-from .tables import analysis_rows
+from .tables import analysis_rows, recommendation_text
 from .truncate import report_rows
 
 HEATMAP_METRICS = ("isi", "token_similarity", "probe_cls", "probe_patch_mean")
@@ -32,6 +33,7 @@ class RunRecords:
     alerts: list[dict]
     analysis: Analysis | None
     truncation: dict | None
+    recommendation: dict | None = None  # analysis.json's depth recommendation (absent in older files)
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -56,11 +58,19 @@ def read_run(run_dir: str | Path) -> RunRecords:
         raise ValueError(f"{run_dir}: no samples in metrics.jsonl (is this an isiwatch log_dir?)")
     analysis_path, truncate_path = run_dir / "analysis.json", run_dir / "truncate_report.json"
     try:
-        analysis = Analysis.from_dict(json.loads(analysis_path.read_text())) if analysis_path.exists() else None
+        data = json.loads(analysis_path.read_text()) if analysis_path.exists() else None
+        analysis = Analysis.from_dict(data) if data is not None else None
         truncation = json.loads(truncate_path.read_text()) if truncate_path.exists() else None
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"{run_dir}: unreadable analysis.json or truncate_report.json ({exc})") from None
-    return RunRecords(run_dir, samples, _jsonl(run_dir / "alerts.jsonl"), analysis, truncation)
+    recommendation = _recommendation(data.get("recommendation")) if data is not None else None
+    return RunRecords(run_dir, samples, _jsonl(run_dir / "alerts.jsonl"), analysis, truncation, recommendation)
+
+
+def _recommendation(value) -> dict | None:
+    """A stored depth recommendation, or None when absent or not one."""
+    keys = ("depth", "signal", "blocks_to_drop", "source_depth")
+    return value if isinstance(value, dict) and all(k in value for k in keys) else None
 
 
 def _grid(samples: list[dict], metric: str) -> list[list[float]]:
@@ -108,8 +118,12 @@ def _summary(records: RunRecords) -> str:
     rows = [["run", last.get("run", "")], ["samples", len(records.samples)],
             ["steps", f"{first['step']} – {last['step']}"],
             ["plateau at the last sample", f"blocks {ph['plateau'][0]}–{ph['plateau'][1]}" if ph else "none"],
-            ["plateau onset", f"step {onset}" if onset is not None else "none"],
-            ["median sample cost", f"{statistics.median(s['duration_s'] for s in records.samples):.3f} s"]]
+            ["plateau onset", f"step {onset}" if onset is not None else "none"]]
+    if (at_last := _recommendation(last.get("recommendation"))) is not None:
+        rows.append(["recommended depth at the last sample", recommendation_text(at_last)])
+    if records.recommendation is not None:
+        rows.append(["recommended depth of the trained model", recommendation_text(records.recommendation)])
+    rows.append(["median sample cost", f"{statistics.median(s['duration_s'] for s in records.samples):.3f} s"])
     return _table(["", ""], rows)
 
 

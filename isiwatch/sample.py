@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .depth import DepthRecommendation
 from .files import finite_or_none
 from .phases import Phases
 
 
 @dataclass
 class Sample:
-    """Per-layer curves at training ``step``; ``duration_s`` is the probe pass + metrics wall time."""
+    """Per-layer curves at training ``step``; ``duration_s`` is the probe pass + metrics wall time;
+    ``recommendation`` the depth :func:`isiwatch.depth.recommend_depth` reads from these curves."""
 
     step: int
     time: float
@@ -19,6 +21,7 @@ class Sample:
     phases: Phases | None
     duration_s: float
     loss: float | None = None
+    recommendation: DepthRecommendation | None = None
 
     @property
     def depth(self) -> int:
@@ -26,7 +29,7 @@ class Sample:
 
     def series(self) -> dict[str, float]:
         """Flat named series for early stopping and export: ``<metric>/layer_<ll>``, ``<metric>/last``,
-        ``<metric>/mean``, ``plateau/{detected,start,end,length}`` and ``loss``."""
+        ``<metric>/mean``, ``plateau/{detected,start,end,length}``, ``recommended_depth`` and ``loss``."""
         out: dict[str, float] = {}
         for metric, values in self.layers.items():
             for i, v in enumerate(values):
@@ -38,6 +41,8 @@ class Sample:
         out["plateau/start"] = float(ph.plateau[0]) if ph else math.nan
         out["plateau/end"] = float(ph.plateau[1]) if ph else math.nan
         out["plateau/length"] = float(ph.length) if ph else 0.0
+        if self.recommendation is not None:
+            out["recommended_depth"] = float(self.recommendation.depth)
         if self.loss is not None:
             out["loss"] = self.loss
         return out
@@ -53,4 +58,5 @@ class Sample:
         return {"step": self.step, "time": self.time, "run": run, "loss": finite_or_none(self.loss),
                 "duration_s": self.duration_s,
                 "layers": {m: [finite_or_none(v) for v in vals] for m, vals in self.layers.items()},
-                "phases": self.phases.to_dict() if self.phases else None}
+                "phases": self.phases.to_dict() if self.phases else None,
+                "recommendation": self.recommendation.to_dict() if self.recommendation else None}

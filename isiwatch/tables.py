@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .analysis import Analysis
 
 SHORT_NAMES = {"attn_token_change": "d", "attn_entropy": "h", "isi": "isi", "token_similarity": "tok_sim",
-               "cls_attention_share": "cls_att", "cls_patch_cos": "cls_cos", "norm_friction": "friction",
+               "block_influence": "bi", "cls_attention_share": "cls_att", "cls_patch_cos": "cls_cos",
+               "norm_friction": "friction",
                "probe_cls": "probe_cls", "probe_patch_mean": "probe_pm", "isi_recon": "isi_recon"}
 
 
@@ -58,3 +59,12 @@ def phases_line(analysis: Analysis) -> str:
     parts = [f"{name} {span[0]}–{span[1]}" for name in ("cliff", "plateau", "climb")
              if (span := getattr(ph, name))]
     return f"phases ({analysis.phase_metric}): " + ", ".join(parts)
+
+
+def recommendation_text(recommendation: Mapping) -> str:
+    """A depth recommendation (``DepthRecommendation.to_dict()``, as analysis.json stores it) in words:
+    ``9 of 24 blocks (signal probe_knee; drop blocks 9, 10, ...)``."""
+    dropped = recommendation["blocks_to_drop"]
+    drop = f"drop blocks {', '.join(map(str, dropped))}" if dropped else "drop no blocks"
+    return (f"{recommendation['depth']} of {recommendation['source_depth']} blocks "
+            f"(signal {recommendation['signal']}; {drop})")

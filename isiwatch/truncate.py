@@ -33,12 +33,14 @@ from .analysis import DEFAULT_PHASE_METRIC, Analysis, analyze
 from .block_scores import BoundaryDistances, angular_distance, block_influence, boundary_distances
 from .checkpoint import load_checkpoint, save_checkpoint
 from .cost import count_parameters, forward_flops, measure_latency
+from .cut_search import DEFAULT_BUDGET, DEFAULT_MAX_DROP, CutSearch, check_search_options
 from .data import DIGITS_TRAIN, DataError, embedded_digits, fit_to_model
+from .depth import DepthRecommendation, recommend_depth
 from .files import write_json
 from .offline import probe_images
 from .phases import Phases
 from .tables import format_table
-from .training import predict, train_classifier
+from .training import accuracy, predict, train_classifier
 
 STRATEGIES = ("plateau", "tail", "bi", "angular", "random")
 #: Chosen from the evaluation in ``benchmarks/RESULTS.md``: block influence had the highest mean healed accuracy
@@ -49,8 +51,10 @@ HEAL_EPOCHS = 2
 HEAL_LR = 1e-3
 #: Modules after the blocks that healing always trains (those the model has).
 HEAD_MODULES = ("norm", "fc_norm", "attn_pool", "head_drop", "head", "head_dist")
-#: Share of an ImageFolder held out for the before/after accuracy.
+#: Share of an ImageFolder held out (halved into validation and test).
 HELD_OUT_FRACTION = 0.2
+#: Timed rounds per candidate when ``auto`` measures latency.
+LATENCY_ROUNDS = 10
 
 
 def _blocks(model: nn.Module) -> nn.Sequential:
@@ -166,30 +170,39 @@ def heal(model: nn.Module, images: Tensor, labels: Tensor, *, train_last: int, e
 
 @dataclass
 class Split:
-    """Healing images and the held-out images the report's accuracies are measured on."""
+    """Healing images, validation images (``auto`` chooses its cut on them) and test images (the reported
+    accuracy of an ``auto`` cut); a fixed-strategy cut reports on validation and test together."""
 
     train_x: Tensor
     train_y: Tensor
+    val_x: Tensor
+    val_y: Tensor
     test_x: Tensor
     test_y: Tensor
+
+    @property
+    def held_out(self) -> tuple[Tensor, Tensor]:
+        return torch.cat([self.val_x, self.test_x]), torch.cat([self.val_y, self.test_y])
 
 
 def load_split(model: nn.Module, data: str) -> Split:
     """'mnist': the embedded digits (the demo's 4,000 training / 1,000 held-out split); otherwise an
-    ImageFolder, of which a fixed HELD_OUT_FRACTION is held out."""
+    ImageFolder, of which a fixed HELD_OUT_FRACTION is held out. The held-out images are halved into
+    validation and test."""
     if data == "mnist":
         images, labels = embedded_digits()
         images = fit_to_model(images, model.patch_embed.img_size, model.patch_embed.proj.in_channels)
         cut = DIGITS_TRAIN
     else:
         images, labels = probe_images(model, data, None)
-        if len(images) < 2:
-            raise DataError(f"{data}: need at least 2 images to heal and evaluate, found {len(images)}")
-        cut = len(images) - max(1, round(HELD_OUT_FRACTION * len(images)))
+        if len(images) < 3:
+            raise DataError(f"{data}: need at least 3 images to heal, validate and test, found {len(images)}")
+        cut = len(images) - max(2, round(HELD_OUT_FRACTION * len(images)))
     classes = getattr(model, "num_classes", 0)
     if int(labels.max()) >= classes:
         raise DataError(f"{data}: {int(labels.max()) + 1} classes but the model's head has {classes} outputs")
-    return Split(images[:cut], labels[:cut], images[cut:], labels[cut:])
+    half = cut + (len(images) - cut) // 2
+    return Split(images[:cut], labels[:cut], images[cut:half], labels[cut:half], images[half:], labels[half:])
 
 
 def _read_analysis(path: Path, depth: int, sha256: str) -> Analysis:
@@ -227,8 +240,10 @@ def truncate(
     *,
     analysis: str | Path | None = None,
     data: str = "mnist",
-    strategy: str = DEFAULT_STRATEGY,
+    strategy: str | None = None,
     keep: int | None = None,
+    max_drop: float = DEFAULT_MAX_DROP,
+    budget: int = DEFAULT_BUDGET,
     train_last: int | None = None,
     epochs: int = HEAL_EPOCHS,
     lr: float = HEAL_LR,
@@ -243,16 +258,24 @@ def truncate(
     seed: int = 0,
     progress: bool = False,
 ) -> TruncateResult:
-    """Cut ``checkpoint`` with ``strategy`` to ``keep`` blocks, heal it on ``data`` and write it to ``out``.
+    """Cut ``checkpoint`` down, heal it on ``data`` and write it to ``out``.
 
-    Without ``keep`` the plateau of ``metric`` (from ``analysis`` or an analysis of ``images`` healing
-    images) sets the depth. ``train_last`` defaults to the late half of the kept blocks; ``epochs`` of
-    healing (0: cut only). The input file is never written; outputs are written atomically, only after
-    everything succeeded.
+    ``strategy="auto"`` (the default without ``keep``) searches for the cheapest healed cut whose
+    validation accuracy is at most ``max_drop`` points below the uncut model's, healing at most ``budget``
+    candidates (:mod:`isiwatch.cut_search`); when none qualifies the uncut weights are written. A fixed
+    ``strategy`` (``bi`` by default with ``keep``) cuts to ``keep`` blocks; without ``keep``, ``plateau`` cuts
+    the plateau of ``metric`` and the others cut to the recommended depth (:func:`isiwatch.depth.recommend_depth`,
+    from ``analysis`` or an analysis of ``images`` healing images). ``train_last`` defaults to the late
+    half of the kept blocks; ``epochs`` of healing (0: cut only). The input file is never written; outputs
+    are written atomically, only after everything succeeded.
     """
     checkpoint, out = Path(checkpoint), Path(out)
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    strategy = strategy or ("auto" if keep is None else DEFAULT_STRATEGY)
+    if strategy not in ("auto", *STRATEGIES):
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of auto, {', '.join(STRATEGIES)}")
+    if strategy == "auto" and keep is not None:
+        raise ValueError("--keep fixes the depth; it cannot be combined with --strategy auto")
+    check_search_options(max_drop, budget)
     if fmt not in ("pt", "safetensors"):
         raise ValueError(f"unknown format {fmt!r} (use 'pt' or 'safetensors')")
     if epochs < 0 or images < 4:
@@ -267,35 +290,49 @@ def truncate(
     source_analysis = _read_analysis(Path(analysis), depth, ckpt.sha256) if analysis is not None else None
     split = load_split(uncut, data)
     metric = metric or (source_analysis.phase_metric if source_analysis else DEFAULT_PHASE_METRIC)
+    if source_analysis is None and (keep is None or strategy == "plateau"):
+        source_analysis = analyze(uncut, split.train_x[:images], split.train_y[:images], phase_metric=metric)
+    phases = _phases(source_analysis, metric) if source_analysis is not None else None
+    recommendation = recommend_depth(source_analysis, max_drop / 100) if source_analysis is not None else None
+    distances = (boundary_distances(uncut, split.train_x[:images]) if strategy in ("auto", "bi", "angular") else None)
+    heal_options = {"epochs": epochs, "lr": lr, "teacher": uncut if distill else None, "seed": seed,
+                    "amp": device.startswith("cuda"), "train_last": train_last}
 
-    phases = None
-    if strategy == "plateau" or keep is None:
-        if source_analysis is None:
-            source_analysis = analyze(uncut, split.train_x[:images], split.train_y[:images], phase_metric=metric)
-        phases = _phases(source_analysis, metric)
-        if phases is None:
+    if strategy == "auto":
+        model, kept, search = auto_cut(uncut, split, recommendation, phases, distances, max_drop, budget, seed,
+                                        heal_options, progress)
+        steps = search["winner"]["healing_steps"] if search["winner"] else 0
+        eval_x, eval_y = split.test_x, split.test_y
+    else:
+        if strategy == "plateau" and phases is None:
             raise ValueError(f"no plateau in the {metric} curve of {checkpoint}; "
-                             "pass --keep K with --strategy tail, bi, angular or random")
-        keep = keep or plateau_keep(phases, depth)
-    distances = (boundary_distances(uncut, split.train_x[:images]) if strategy in ("bi", "angular") else None)
-    kept = choose_blocks(strategy, depth, keep, phases=phases, distances=distances, seed=seed)
-    train_last = default_train_last(keep) if train_last is None else train_last
-
-    reference = predict(uncut, split.test_x)
-    model = cut_vit(uncut, kept)
-    before = predict(model, split.test_x)
-    steps = heal(model, split.train_x, split.train_y, train_last=train_last, epochs=epochs, lr=lr,
-                 teacher=uncut if distill else None, seed=seed, progress=progress, amp=device.startswith("cuda"))
-    after = predict(model, split.test_x)
+                             "pass --keep K or use --strategy auto, tail, bi, angular or random")
+        if keep is None:
+            keep = plateau_keep(phases, depth) if strategy == "plateau" else recommendation.depth
+            if keep >= depth:
+                raise ValueError(f"the analysis recommends keeping all {depth} blocks ({recommendation.signal}); "
+                                 "pass --keep K to cut anyway, or use --strategy auto")
+        kept = choose_blocks(strategy, depth, keep, phases=phases, distances=distances, seed=seed)
+        model = cut_vit(uncut, kept)
+        steps = heal(model, split.train_x, split.train_y, progress=progress,
+                     **{**heal_options, "train_last": default_train_last(keep) if train_last is None else train_last})
+        search = None
+        eval_x, eval_y = split.held_out
+    keep, train_last = len(kept), default_train_last(len(kept)) if train_last is None else train_last
+    reference, after = predict(uncut, eval_x), predict(model, eval_x)
+    before = predict(cut_vit(uncut, kept), eval_x) if keep < depth else reference
 
     model_kwargs = {**ckpt.model_kwargs, "depth": keep}
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     timm.create_model(ckpt.arch, pretrained=False, **model_kwargs).load_state_dict(state, strict=True)
-    result = _report(ckpt, uncut, model, split, reference, before, after)
-    result.update({"strategy": strategy, "metric": metric, "phases": phases.to_dict() if phases else None,
+    result = _report(ckpt, uncut, model, eval_x, eval_y, reference, before, after)
+    result.update({"strategy": strategy if search is None else f"auto: {search['winner_strategy']}",
+                   "metric": metric, "phases": phases.to_dict() if phases else None,
+                   "recommendation": recommendation.to_dict() if recommendation else None,
                    "kept_blocks": kept, "dropped_blocks": sorted(set(range(depth)) - set(kept)),
-                   "train_last": train_last, "epochs": epochs, "healing_steps": steps, "lr": lr,
-                   "distill": distill, "data": data, "device": device, "seed": seed, "output": str(out)})
+                   "train_last": train_last, "epochs": epochs, "healing_steps": steps,
+                   "lr": lr, "distill": distill, "data": data, "device": device, "seed": seed, "output": str(out),
+                   "evaluated_on": "test" if search else "validation+test", "search": search})
     metadata = {"kept_blocks": kept, "source_sha256": ckpt.sha256, "source_checkpoint": str(ckpt.path),
                 "source_depth": depth, **{k: result[k] for k in ("strategy", "metric", "phases", "train_last",
                                                                    "epochs", "distill", "accuracy")}}
@@ -305,18 +342,62 @@ def truncate(
     return TruncateResult(model, result, paths)
 
 
-def _report(ckpt, uncut: nn.Module, model: nn.Module, split: Split, reference: Tensor, before: Tensor,
-            after: Tensor) -> dict:
+def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation, phases: Phases | None,
+             distances: BoundaryDistances, max_drop: float, budget: int, seed: int, heal_options: dict,
+             progress: bool = False) -> tuple[nn.Module, list[int], dict]:
+    """The cheapest qualifying healed cut of ``uncut`` (or a copy of it), its kept blocks and the search record.
+
+    ``heal_options``: keyword arguments of :func:`heal` (``train_last`` None: the late half of each cut).
+    """
+    depth = len(uncut.blocks)
+    reference = accuracy(uncut, split.val_x, split.val_y)
+
+    def blocks_for(strategy: str, keep: int) -> list[int] | None:
+        if strategy == "plateau" and phases is None:
+            return None
+        return choose_blocks(strategy, depth, keep, phases=phases, distances=distances, seed=seed)
+
+    def heal_and_score(strategy: str, kept: list[int]):
+        model = cut_vit(uncut, kept)
+        cut = accuracy(model, split.val_x, split.val_y)
+        train_last = heal_options["train_last"]
+        steps = heal(model, split.train_x, split.train_y, **{
+            **heal_options, "train_last": default_train_last(len(kept)) if train_last is None else train_last})
+        return cut, accuracy(model, split.val_x, split.val_y), steps, model
+
+    search = CutSearch(depth, reference, max_drop, budget, blocks_for, heal_and_score, progress=progress)
+    recommended = [i for i in range(depth) if i not in set(recommendation.blocks_to_drop)]
+    winner = search.run(recommended)
+    models = {f"{c.strategy}/{c.keep}": cut_vit(uncut, c.kept) for c in search.candidates}
+    latency = measure_latency({"uncut": uncut, **models}, split.val_x[:64].to(next(uncut.parameters()).device),
+                              rounds=LATENCY_ROUNDS)
+    for c, (name, m) in zip(search.candidates, models.items()):
+        c.extra = {"parameters": count_parameters(m), "flops_per_image": forward_flops(m, split.val_x[:1]),
+                   "latency_ms": latency[name], "winner": c is winner}
+    record = {"max_drop": max_drop, "budget": budget, "validation_images": len(split.val_y),
+              "test_images": len(split.test_y), "uncut_validation_accuracy": reference,
+              "uncut_latency_ms": latency["uncut"], "latency_batch": min(64, len(split.val_x)),
+              "candidates": [c.to_dict() for c in search.candidates],
+              "winner": winner.to_dict() if winner else None, "winner_strategy": winner.strategy if winner else "uncut",
+              "message": None if winner else (f"no cut of the {depth}-block model stays within {max_drop:g} points "
+                                              f"of its validation accuracy after {len(search.candidates)} "
+                                              "candidates; wrote the uncut model")}
+    if winner is None:
+        return copy.deepcopy(uncut), list(range(depth)), record
+    return search.models[tuple(winner.kept)], winner.kept, record
+
+
+def _report(ckpt, uncut: nn.Module, model: nn.Module, images: Tensor, labels: Tensor, reference: Tensor,
+            before: Tensor, after: Tensor) -> dict:
     """Costs (parameters, FLOPs per image, median latency of a batch) and held-out accuracies."""
-    batch = split.test_x[:64].to(next(uncut.parameters()).device)
+    batch = images[:64].to(next(uncut.parameters()).device)
     latency = measure_latency({"uncut": uncut, "truncated": model}, batch)
     cost = {name: {"blocks": len(m.blocks), "parameters": count_parameters(m),
                    "flops_per_image": forward_flops(m, batch[:1]), "latency_ms": latency[name]}
             for name, m in (("uncut", uncut), ("truncated", model))}
-    y = split.test_y
     return {"source": {"checkpoint": str(ckpt.path), "sha256": ckpt.sha256, "arch": ckpt.arch},
-            "held_out_images": len(y), "latency_batch": len(batch), "cost": cost,
-            "accuracy": {name: float((p == y).float().mean())
+            "held_out_images": len(labels), "latency_batch": len(batch), "cost": cost,
+            "accuracy": {name: float((p == labels).float().mean())
                          for name, p in (("uncut", reference), ("cut", before), ("healed", after))},
             "agreement": {name: float((p == reference).float().mean()) for name, p in (("cut", before),
                                                                                      ("healed", after))}}
@@ -333,6 +414,18 @@ def report_rows(report: dict) -> tuple[list[str], list[list]]:
         rows.append([name, c["blocks"], c["parameters"], c["flops_per_image"] / 1e6, c["latency_ms"], acc[name],
                      agree.get(name, 1.0)])
     return header, rows
+
+
+def candidates_table(report: dict) -> str:
+    """Every cut ``auto`` tried, with validation accuracies, costs and the winner marked."""
+    search = report["search"]
+    header = ["strategy", "blocks", "kept", "val cut", "val healed", "params", "MFLOPs/img",
+              f"latency ms/{search['latency_batch']}", ""]
+    rows = [[c["strategy"], c["keep"], ",".join(map(str, c["kept_blocks"])), c["validation_accuracy"]["cut"],
+             c["validation_accuracy"]["healed"], c["parameters"], c["flops_per_image"] / 1e6, c["latency_ms"],
+             "winner" if c["winner"] else ("ok" if c["qualifies"] else "")] for c in search["candidates"]]
+    return (f"uncut validation accuracy {search['uncut_validation_accuracy']:.3f}; a cut qualifies within "
+            f"{search['max_drop']:g} points\n{format_table(header, rows)}")
 
 
 def report_table(report: dict) -> str:

@@ -13,8 +13,10 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
+from isiwatch.analysis import Analysis
 from isiwatch.checkpoint import load_checkpoint, save_checkpoint
 from isiwatch.cli import main
+from isiwatch.depth import recommend_depth
 
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=4, num_heads=2)
 
@@ -45,6 +47,16 @@ def test_analyze_isiwatch_checkpoint_writes_outputs(vit, tmp_path):
     assert (tmp_path / "out" / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert "phases (token_similarity)" in result.output
     assert digest(ckpt) == before
+    # the depth recommendation: stored beside the curves, recomputable from them, printed after the table
+    rec = data["recommendation"]
+    analysis = Analysis.from_dict(data)  # the extra key does not disturb reading the file back
+    assert analysis.depth == 4 and set(analysis.layers) == set(data["layers"][0]) - {"index"}
+    assert rec == recommend_depth(analysis).to_dict() and 1 <= rec["depth"] <= 4
+    assert rec["source_depth"] == 4 and rec["depth"] == 4 - len(rec["blocks_to_drop"])
+    line = next(line for line in result.output.splitlines() if line.startswith("recommended depth:"))
+    assert line.startswith(f"recommended depth: {rec['depth']} of 4 blocks (signal {rec['signal']}; ")
+    lines = result.output.splitlines()
+    assert lines.index(line) == next(i for i, x in enumerate(lines) if x.startswith("phases (")) + 1
 
 
 def test_timm_train_checkpoint_prefers_ema_and_reads_args(vit, tmp_path):

@@ -7,8 +7,17 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_watch import tiny_vit
 
+import isiwatch
+from isiwatch import Watch
 from isiwatch.cli import main
+from isiwatch.data import embedded_digits
+from isiwatch.depth import recommend_depth
+from isiwatch.files import write_json
+from isiwatch.offline import analysis_record
+from isiwatch.report import read_run, write_report
+from isiwatch.tables import recommendation_text
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +40,8 @@ def test_quick_demo_writes_the_run_directory(demo_run):
     assert len(analysis["layers"]) == 8 and analysis["model"]["sha256"]
     samples = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(s)["step"] for s in samples] == list(range(8, 65, 8))
+    assert all(1 <= json.loads(s)["recommendation"]["depth"] <= 8 for s in samples)
+    assert "recommended depth at the last sample" in (out / "report" / "report.html").read_text()
     assert "phases (token_similarity)" in output and "held-out accuracy" in output
     report = json.loads((out / "truncate_report.json").read_text())
     assert report["cost"]["truncated"]["blocks"] < 8
@@ -48,6 +59,32 @@ def test_report_command_and_bad_run_dir(demo_run, tmp_path):
     (tmp_path / "empty").mkdir()
     result = CliRunner().invoke(main, ["report", str(tmp_path / "empty")])
     assert result.exit_code == 1 and "no samples" in result.output
+
+
+def test_report_shows_the_recommended_depth_and_reads_older_files(tmp_path):
+    x, y = embedded_digits()
+    px, py = x[4000:4064], y[4000:4064]
+    model, run = tiny_vit(), tmp_path / "run"
+    with Watch(model, px, py, every_n_steps=1, log_dir=run) as watch:
+        watch.step(1)
+        watch.step(2)
+    at_last = watch.history[-1].recommendation.to_dict()
+    result = isiwatch.analyze(model, px, py)
+    write_json(run / "analysis.json", analysis_record(result))
+    trained = recommend_depth(result).to_dict()
+    page = write_report(run, tmp_path / "new")[-1].read_text()
+    assert f"<td>recommended depth of the trained model</td><td>{recommendation_text(trained)}</td>" in page
+    assert f"<td>recommended depth at the last sample</td><td>{recommendation_text(at_last)}</td>" in page
+    assert f"{trained['depth']} of 4 blocks (signal {trained['signal']}; " in page
+
+    # files written before the recommendation existed: no recommendation rows, the rest of the report intact
+    write_json(run / "analysis.json", result.to_dict())
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "recommendation"})
+                                               + "\n" for r in rows))
+    assert read_run(run).recommendation is None
+    page = write_report(run, tmp_path / "old")[-1].read_text()
+    assert "recommended depth" not in page and "<td>plateau onset</td>" in page and page.count("<img ") == 3
 
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

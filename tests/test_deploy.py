@@ -111,7 +111,7 @@ def test_every_metric_name_in_rules_and_dashboards_is_exported(exported_names):
     assert queried - exported_names == set()
     assert {"isiwatch_layer_metric", "isiwatch_alert_active", "isiwatch_plateau_start_layer",
             "isiwatch_last_sample_timestamp_seconds", "isiwatch_alerts_total",
-            "isiwatch_sample_duration_seconds_bucket"} <= queried
+            "isiwatch_sample_duration_seconds_bucket", "isiwatch_recommended_depth"} <= queried
 
 
 def test_dashboard_has_run_selector_heatmaps_plateau_span_and_alert_annotations():

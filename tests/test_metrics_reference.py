@@ -53,7 +53,8 @@ def reference_curves(model, images, p, has_cls):
             n = u.shape[1]
             sims = [((g := ui @ ui.T).sum() - g.diagonal().sum()) / (n * (n - 1)) for ui in u]
             row = {"attn_token_change": d, "attn_entropy": h, "isi": d * h,
-                   "token_similarity": torch.stack(sims).mean()}
+                   "token_similarity": torch.stack(sims).mean(),
+                   "block_influence": 1 - F.cosine_similarity(x, z, dim=-1).mean()}
             if has_cls:
                 def cls_cos(tokens):
                     return torch.stack([F.cosine_similarity(tokens[b, 0:1], tokens[b, p:]).mean()

@@ -221,7 +221,7 @@ def test_plateau_cut_from_analysis_json_heals_on_an_image_folder(vit, folder, tm
     flat = {**analysis, "layers": [{"index": i, "token_similarity": 0.1 * i} for i in range(8)]}
     (tmp_path / "flat.json").write_text(json.dumps(flat))
     with pytest.raises(ValueError, match="no plateau in the token_similarity curve"):
-        truncate(ckpt, tmp_path / "x.pt", analysis=tmp_path / "flat.json", data=str(folder))
+        truncate(ckpt, tmp_path / "x.pt", analysis=tmp_path / "flat.json", data=str(folder), strategy="plateau")
     assert not (tmp_path / "x.pt").exists()
 
 

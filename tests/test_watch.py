@@ -15,6 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import isiwatch
 from isiwatch import Watch
+from isiwatch.analysis import Analysis
+from isiwatch.depth import recommend_depth
 
 
 def tiny_vit(depth=4, dim=32, seed=0, **kw):
@@ -93,6 +95,20 @@ def test_exporters_and_state_after_a_short_run(digits, tmp_path):
 
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2, 4, 6, 8]
+
+    # the depth recommendation: computed from each sample's curves, kept on the sample, exported everywhere
+    samples = list(watch.history)
+    for sample in samples:
+        analysis = Analysis(sample.layers, {}, {"depth": 4}, phases=sample.phases)
+        assert sample.recommendation == recommend_depth(analysis)
+        assert 1 <= sample.recommendation.depth <= 4
+    assert [e.value for e in acc.Scalars("isiwatch/recommended_depth")] == [s.recommendation.depth for s in samples]
+    assert [e.step for e in acc.Scalars("isiwatch/recommended_depth")] == [2, 4, 6, 8]
+    assert registry.get_sample_value("isiwatch_recommended_depth", {"run": "short"}) == \
+        samples[-1].recommendation.depth
+    rows = [json.loads(line) for line in lines]
+    assert [r["recommendation"] for r in rows] == [s.recommendation.to_dict() for s in samples]
+    assert rows[-1]["recommendation"]["source_depth"] == 4
     assert (tmp_path / "alerts.jsonl").exists()
 
     fresh = Watch(tiny_vit(), px, py, every_n_steps=2, monitor="probe_cls/last", mode="max", patience=100)
@@ -148,6 +164,25 @@ def test_plateau_onset_fires_once_and_on_plateau_stops(digits):
     assert onsets[0].data["plateau"] == [1, 5]
     assert stop_step == 7 and "stable for 3 samples" in watch.stop_reason
     assert [a.kind for a in seen if a.kind == "early_stop"] == ["early_stop"]
+
+
+def test_recommended_depth_drops_identity_blocks_and_reaches_prometheus(digits):
+    _, _, px, _ = digits
+    model = mixing_vit()
+    set_middle_blocks(model, 0.0)  # blocks 2-5 change nothing
+    registry = CollectorRegistry()
+    watch = Watch(model, px, every_n_steps=1, registry=registry, run_name="depth")  # no labels: no probes
+    watch.step(1)
+    rec = watch.history[-1].recommendation
+    assert rec.blocks_to_drop == (2, 3, 4, 5) and rec.depth == 4 and rec.source_depth == 8
+    assert registry.get_sample_value("isiwatch_recommended_depth", {"run": "depth"}) == 4
+    assert watch.history[-1].series()["recommended_depth"] == 4
+    set_middle_blocks(model, 0.2)  # the blocks work again: the recommendation and the gauge follow
+    watch.step(2)
+    rec2 = watch.history[-1].recommendation
+    assert rec2.depth > 4 and not {2, 3, 4} & set(rec2.blocks_to_drop)
+    assert registry.get_sample_value("isiwatch_recommended_depth", {"run": "depth"}) == rec2.depth
+    watch.close()
 
 
 def test_alerts_once_per_episode_with_cleared_records(digits):

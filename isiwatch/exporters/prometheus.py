@@ -21,12 +21,13 @@ EXPORTED_NAMES = (
     "isiwatch_plateau_end_layer", "isiwatch_plateau_length_layers", "isiwatch_plateau_onset_step",
     "isiwatch_alerts_total", "isiwatch_alert_active", "isiwatch_last_sample_timestamp_seconds",
     "isiwatch_sample_duration_seconds", "isiwatch_training_step", "isiwatch_training_loss",
-    "isiwatch_stop_requested",
+    "isiwatch_stop_requested", "isiwatch_recommended_depth",
 )
 
 
 class PrometheusExporter:
-    """Gauges per layer and metric plus plateau, alert and liveness series, labelled by ``run``."""
+    """Gauges per layer and metric plus plateau, recommended-depth, alert and liveness series, labelled by
+    ``run``."""
 
     def __init__(self, run: str, registry: CollectorRegistry | None = None, port: int | None = None,
                  host: str = "127.0.0.1", pushgateway: str | None = None, textfile: str | Path | None = None,
@@ -59,6 +60,9 @@ class PrometheusExporter:
         self.loss = Gauge("isiwatch_training_loss", "Training loss at the last sample", run_label, registry=r)
         self.stop = Gauge("isiwatch_stop_requested", "1 once isiwatch asked training to stop", run_label,
                           registry=r)
+        self.recommended_depth = Gauge("isiwatch_recommended_depth",
+                                       "Blocks the model needs (isiwatch.depth.recommend_depth)", run_label,
+                                       registry=r)
         self.server = None
         if port is not None:
             try:
@@ -90,6 +94,8 @@ class PrometheusExporter:
         if sample.loss is not None and math.isfinite(sample.loss):
             self.loss.labels(self.run).set(sample.loss)
         self.stop.labels(self.run).set(int(stop_requested))
+        if sample.recommendation is not None:
+            self.recommended_depth.labels(self.run).set(sample.recommendation.depth)
         self.publish()
 
     def write_alert(self, alert: Alert) -> None:

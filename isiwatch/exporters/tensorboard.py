@@ -1,6 +1,7 @@
 """TensorBoard: per-layer scalars, plateau summary, a custom-scalar layout, depth × step heat-maps, alerts.
 
-Tags: ``isiwatch/<metric>/layer_<ll>``, ``isiwatch/plateau/{start,end,length}``, heat-map images
+Tags: ``isiwatch/<metric>/layer_<ll>``, ``isiwatch/plateau/{start,end,length}``,
+``isiwatch/recommended_depth`` (blocks :func:`isiwatch.depth.recommend_depth` keeps), heat-map images
 ``isiwatch/heatmap/<metric>`` (rows = blocks, columns = samples, colour scaled to the metric's range over
 the shown samples) and alert text under ``isiwatch/alerts``.
 """
@@ -47,6 +48,8 @@ class TensorBoardExporter:
     def _write_layout(self, sample: Sample) -> None:
         charts = {m: ["Multiline", [f"isiwatch/{m}/layer_.*"]] for m in sample.layers}
         charts["plateau"] = ["Multiline", ["isiwatch/plateau/start", "isiwatch/plateau/end"]]
+        if sample.recommendation is not None:
+            charts["recommended_depth"] = ["Multiline", ["isiwatch/recommended_depth"]]
         self.writer.add_custom_scalars({"isiwatch": charts})
         self._layout_written = True
 

@@ -1,0 +1,58 @@
+"""The two tasks of the depth benchmark, built deterministically from the embedded MNIST digits.
+
+- ``digits``: the demo's split, 4,000 training / 1,000 held-out digits, 28×28, label = the digit.
+- ``max_pair``: two digits side by side (28×56, patch 14: 8 tokens), label = the larger of the two.
+  Training pairs are drawn only from the 4,000 training digits and held-out pairs only from the 1,000
+  held-out digits, so no held-out image shares a digit image with training.
+
+The held-out set is split in two halves by digit (first 500 / last 500 held-out digits): ``val`` (for
+choosing among truncation candidates) and ``test`` (for reporting); the sweep reports on both together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from isiwatch.data import DIGITS_TRAIN, embedded_digits
+
+TASKS = ("digits", "max_pair")
+PAIRS_TRAIN, PAIRS_HELD_OUT = 8000, 2000
+
+
+@dataclass
+class Task:
+    name: str
+    train_x: Tensor
+    train_y: Tensor
+    val_x: Tensor
+    val_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    model_kwargs: dict  # timm ViT kwargs besides depth/width
+
+    @property
+    def held_out(self) -> tuple[Tensor, Tensor]:
+        return torch.cat([self.val_x, self.test_x]), torch.cat([self.val_y, self.test_y])
+
+
+def _pairs(images: Tensor, labels: Tensor, count: int, seed: int) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randint(len(images), (count,), generator=gen)
+    b = torch.randint(len(images), (count,), generator=gen)
+    return torch.cat([images[a], images[b]], dim=-1), torch.maximum(labels[a], labels[b])
+
+
+def load_task(name: str) -> Task:
+    images, labels = embedded_digits()
+    train = images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN]
+    half = DIGITS_TRAIN + (len(images) - DIGITS_TRAIN) // 2
+    val, test = (images[DIGITS_TRAIN:half], labels[DIGITS_TRAIN:half]), (images[half:], labels[half:])
+    if name == "digits":
+        return Task(name, *train, *val, *test, {"img_size": 28, "patch_size": 7})
+    if name == "max_pair":
+        return Task(name, *_pairs(*train, PAIRS_TRAIN, 1), *_pairs(*val, PAIRS_HELD_OUT // 2, 2),
+                    *_pairs(*test, PAIRS_HELD_OUT // 2, 3), {"img_size": (28, 56), "patch_size": 14})
+    raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
