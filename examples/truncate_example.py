@@ -1,4 +1,4 @@
-"""Cut a trained ViT at its plateau and heal it, from Python.
+"""Cut a trained ViT to the cheapest depth that stays within 1 accuracy point, and heal it, from Python.
 
     python examples/truncate_example.py --checkpoint isiwatch-demo/model.pt --out truncated.pt
     python examples/truncate_example.py --out truncated.pt   # trains a small ViT first (about a minute)
@@ -14,7 +14,7 @@ import torch
 from isiwatch.checkpoint import load_checkpoint, save_checkpoint
 from isiwatch.data import DIGITS_TRAIN, embedded_digits
 from isiwatch.training import DIGITS_VIT_ARCH, make_digits_vit, train_classifier
-from isiwatch.truncate import report_table, truncate
+from isiwatch.truncate import candidates_table, report_table, truncate
 
 
 def train_small_vit(path: Path, epochs: int) -> Path:
@@ -30,15 +30,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("truncated.pt"))
     parser.add_argument("--train-epochs", type=int, default=4, help="when training the small ViT")
     parser.add_argument("--heal-epochs", type=int, default=2)
+    parser.add_argument("--budget", type=int, default=6, help="cuts healed at most while searching")
     args = parser.parse_args()
 
     checkpoint = args.checkpoint or train_small_vit(Path(tempfile.mkdtemp()) / "model.pt", args.train_epochs)
-    try:  # the plateau of the token-similarity curve sets how many blocks to keep
-        result = truncate(checkpoint, args.out, epochs=args.heal_epochs)
-    except ValueError as exc:  # no plateau: choose the depth by hand
-        keep = load_checkpoint(checkpoint).model_kwargs["depth"] * 3 // 4
-        print(f"{exc}\nkeeping {keep} blocks instead")
-        result = truncate(checkpoint, args.out, epochs=args.heal_epochs, keep=keep)
+    # strategy "auto": start from the recommended depth, heal candidate cuts, keep the cheapest one whose
+    # validation accuracy is within max_drop points of the uncut model's (or the uncut model if none is)
+    result = truncate(checkpoint, args.out, epochs=args.heal_epochs, max_drop=1.0, budget=args.budget)
+    print(candidates_table(result.report))
     print(report_table(result.report))
 
     # The output is a plain timm model: rebuild it and load the weights strictly.

@@ -2,8 +2,9 @@
 
 Trains a small timm ViT with :class:`Watch` attached (TensorBoard events, ``metrics.jsonl``,
 ``alerts.jsonl``, a Prometheus endpoint on 127.0.0.1 while it runs), analyses the trained model on the
-held-out digits (``analysis.json``, ``curves.png``), truncates it at its plateau and heals it
-(``truncated.pt``, ``truncate_report.json``) and writes the report (``report/report.html``).
+held-out digits (``analysis.json`` with the recommended depth, ``curves.png``), truncates it to the
+cheapest healed depth within 1 point (``truncate --strategy auto``: ``truncated.pt``,
+``truncate_report.json``) and writes the report (``report/report.html``).
 """
 
 from __future__ import annotations
@@ -18,30 +19,34 @@ from tqdm.auto import tqdm
 from .analysis import analyze
 from .checkpoint import save_checkpoint, sha256_of
 from .config import load_yaml
+from .cut_search import DEFAULT_MAX_DROP
 from .data import DIGITS_TRAIN, embedded_digits
 from .files import write_json
 from .monitor import Watch
+from .offline import analysis_record
 from .plots import plot_curves
 from .report import write_report
-from .tables import analysis_table, phases_line
+from .tables import analysis_table, phases_line, recommendation_text
 from .training import DIGITS_VIT_ARCH, accuracy, make_digits_vit, train_classifier
-from .truncate import DEFAULT_STRATEGY, report_table, truncate
+from .truncate import candidates_table, report_table, truncate
 
 PROBE_IMAGES = 256
 
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """Model depth, training epochs (31 steps each), sampling interval and healing epochs."""
+    """Model depth, training epochs (31 steps each), sampling interval, healing epochs and the number of cuts
+    ``truncate --strategy auto`` may heal."""
 
     depth: int
     epochs: int
     every_n_steps: int
     heal_epochs: int
+    cut_budget: int
 
 
-FULL = DemoSettings(depth=12, epochs=12, every_n_steps=16, heal_epochs=2)
-QUICK = DemoSettings(depth=8, epochs=2, every_n_steps=8, heal_epochs=1)
+FULL = DemoSettings(depth=12, epochs=12, every_n_steps=16, heal_epochs=2, cut_budget=4)
+QUICK = DemoSettings(depth=8, epochs=2, every_n_steps=8, heal_epochs=1, cut_budget=2)
 
 
 def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", config: str | Path | None = None,
@@ -96,19 +101,21 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
     result = analyze(model, test_x, test_y, batch_size=len(test_x))
     result.model.update({"arch": DIGITS_VIT_ARCH, "model_kwargs": kwargs, "checkpoint": str(ckpt),
                          "sha256": sha256_of(ckpt), "held_out_accuracy": acc})
-    analysis_path = write_json(out / "analysis.json", result.to_dict())
+    record = analysis_record(result)
+    analysis_path = write_json(out / "analysis.json", record)
     plot_curves(result, out / "curves.png")
     echo(analysis_table(result))
     echo(phases_line(result))
+    echo(f"recommended depth: {recommendation_text(record['recommendation'])}")
 
-    keep = None  # the plateau sets the depth
-    if result.phases is None:
-        keep = max(1, settings.depth * 2 // 3)
-        echo(f"no plateau in {result.phase_metric}, so it cannot set the cut depth; for comparison the demo "
-             f"keeps {keep} of {settings.depth} blocks")
-    truncated = truncate(ckpt, out / "truncated.pt", analysis=analysis_path, strategy=DEFAULT_STRATEGY, keep=keep,
-                         epochs=settings.heal_epochs, report=out / "truncate_report.json", device=device,
-                         seed=seed, progress=True)
+    echo(f"truncate --strategy auto: the cheapest healed cut within {DEFAULT_MAX_DROP:g} point of the uncut "
+         f"validation accuracy, at most {settings.cut_budget} candidates")
+    truncated = truncate(ckpt, out / "truncated.pt", analysis=analysis_path, max_drop=DEFAULT_MAX_DROP,
+                         budget=settings.cut_budget, epochs=settings.heal_epochs, report=out / "truncate_report.json",
+                         device=device, seed=seed, progress=True)
+    echo(candidates_table(truncated.report))
+    if truncated.report["search"]["message"]:
+        echo(truncated.report["search"]["message"])
     echo(report_table(truncated.report))
     report_paths = write_report(out, out / "report")
     echo(f"wrote {out}/: model.pt, analysis.json, curves.png, metrics.jsonl, alerts.jsonl, TensorBoard events, "
