@@ -9,6 +9,7 @@ would run code is refused, never executed.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -205,8 +206,68 @@ def infer_vit_kwargs(state: dict[str, Tensor]) -> dict:
     return kwargs
 
 
-def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool = True) -> Checkpoint:
-    """Read a ViT checkpoint and resolve its timm architecture (explicit ``arch`` wins)."""
+#: The architecture numbers an ``--arch`` must agree on with a checkpoint (the head count changes no shape).
+_ARCH_KEYS = ("embed_dim", "depth", "patch_size", "num_heads")
+
+
+@functools.lru_cache(maxsize=64)
+def _default_config(name: str) -> dict | str:
+    """``embed_dim``, ``depth``, ``patch_size`` and ``num_heads`` of timm's default config for ``name`` (built on
+    the meta device: no memory, no weights), or a string saying why there are none."""
+    import timm
+
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False)
+    except Exception:  # unknown names raise RuntimeError; a model whose init needs real tensors: build it on the CPU
+        try:
+            model = timm.create_model(name, pretrained=False)
+        except Exception as exc:
+            return f"cannot build timm model {name!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    proj = getattr(getattr(model, "patch_embed", None), "proj", None)
+    blocks = getattr(model, "blocks", None)
+    heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks else None
+    if not isinstance(proj, nn.Conv2d) or not isinstance(heads, int):
+        return f"{name!r} is not a ViT architecture"
+    return {"embed_dim": proj.out_channels, "depth": len(blocks), "patch_size": proj.kernel_size[0],
+            "num_heads": heads}
+
+
+def arch_config(name: str) -> dict | None:
+    """The :data:`_ARCH_KEYS` of timm's default config for ``name``; None when it names no timm ViT."""
+    config = _default_config(name)
+    return dict(config) if isinstance(config, dict) else None
+
+
+def _described(name: str, recorded: dict) -> dict | None:
+    """What ``timm.create_model(name, **recorded)`` would have, for the :data:`_ARCH_KEYS`."""
+    config = arch_config(name)
+    if config is None:
+        return None
+    for key in _ARCH_KEYS:
+        value = recorded.get(key)
+        if value is not None:
+            config[key] = value[0] if key == "patch_size" and isinstance(value, (tuple, list)) else value
+    return config
+
+
+def _mismatch(claim: dict, actual: dict) -> tuple[str, str] | None:
+    """The :data:`_ARCH_KEYS` on which ``claim`` and ``actual`` differ, as two lists, or None."""
+    keys = [key for key in _ARCH_KEYS if actual.get(key) is not None and claim[key] != actual[key]]
+    if not keys:
+        return None
+    return ", ".join(f"{key} {claim[key]}" for key in keys), ", ".join(f"{key} {actual[key]}" for key in keys)
+
+
+def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool = True,
+                    num_heads: int | None = None) -> Checkpoint:
+    """Read a ViT checkpoint and resolve its timm architecture.
+
+    Shapes come from the tensors. The head count changes no shape, so it must come from the checkpoint's
+    ``model_kwargs`` (its own or timm ``train.py``'s ``args``), from ``num_heads``, or from the default config
+    of the recorded or given ``arch``; when none has it the checkpoint is refused. An ``arch`` whose config
+    contradicts the checkpoint (its tensors, recorded head count or recorded architecture) is refused too.
+    """
     path = Path(path)
     raw = read_raw(path)
     state = _strip_prefix(_state_dict_of(raw, prefer_ema))
@@ -222,12 +283,49 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
         inferred = infer_vit_kwargs(state)
     except KeyError as exc:
         raise CheckpointError(f"{path}: unsupported ViT layout (missing {exc.args[0]!r})") from None
-    chosen_arch = arch or raw.get("arch")
-    if not isinstance(chosen_arch, str) or not chosen_arch:
-        chosen_arch = BASE_DISTILLED_ARCH if "dist_token" in state else BASE_ARCH
-        if "num_heads" not in recorded:
-            recorded["num_heads"] = max(1, inferred["embed_dim"] // 64)
+    dim = inferred["embed_dim"]
+    if num_heads is not None:
+        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1 or dim % num_heads:
+            raise CheckpointError(f"{path}: --num-heads {num_heads} does not divide the embed_dim {dim} of its "
+                                  "tensors")
+        if recorded.get("num_heads") not in (None, num_heads):
+            raise CheckpointError(f"{path}: --num-heads {num_heads} contradicts the checkpoint, which records "
+                                  f"num_heads {recorded['num_heads']}")
+    recorded_arch = raw.get("arch") if isinstance(raw.get("arch"), str) and raw.get("arch") else None
+    actual = {key: inferred[key] for key in _ARCH_KEYS[:3]}
+    # the head count as the checkpoint itself says it: recorded, given, or the recorded arch's (at this width)
+    given = num_heads or recorded.get("num_heads")
+    heads = given
+    recorded_config = _described(recorded_arch, recorded) if recorded_arch else None
+    if heads is None and recorded_config is not None and recorded_config["embed_dim"] == dim:
+        heads = recorded_config["num_heads"]
+    if arch and arch != recorded_arch:
+        claim = _described(arch, {**recorded, "num_heads": given})
+        if claim is None:
+            raise CheckpointError(f"{path}: --arch {_default_config(arch)}")
+        diff = recorded_config and _mismatch(arch_config(arch), arch_config(recorded_arch))
+        if diff:  # another family than the one recorded (equal defaults, e.g. vit_/deit_ aliases, are fine)
+            raise CheckpointError(f"{path}: --arch {arch!r} ({diff[0]}) contradicts the checkpoint's recorded arch "
+                                  f"{recorded_arch!r} ({diff[1]})")
+        diff = _mismatch(claim, {**actual, "num_heads": heads})
+        if diff:
+            raise CheckpointError(f"{path}: --arch {arch!r} ({diff[0]}) contradicts the checkpoint's tensors "
+                                  f"({diff[1]})")
+        heads = claim["num_heads"]
+    elif heads is None and not (recorded_arch and recorded_config is None):  # else build() names the bad arch
+        if recorded_arch:
+            reason = (f"records arch {recorded_arch!r} (embed_dim {recorded_config['embed_dim']}) but its tensors "
+                      f"have embed_dim {dim}, and no num_heads")
+        else:
+            reason = "records no architecture and no num_heads"
+        raise CheckpointError(f"{path}: the checkpoint {reason}, and the head count is not in the tensors; pass "
+                              "--arch NAME (a timm name whose default config has it) or --num-heads N")
+    chosen_arch = arch or recorded_arch or (BASE_DISTILLED_ARCH if "dist_token" in state else BASE_ARCH)
     kwargs = {**inferred, **recorded}
+    if heads is not None:
+        if dim % heads:
+            raise CheckpointError(f"{path}: num_heads {heads} does not divide the embed_dim {dim} of its tensors")
+        kwargs["num_heads"] = heads
     meta = dict(raw.get("isiwatch") or {})
     return Checkpoint(path, chosen_arch, kwargs, state, sha256_of(path), meta)
 

@@ -105,6 +105,8 @@ DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), de
 @main.command()
 @click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
+@click.option("--num-heads", type=click.IntRange(min=1),
+              help="Attention heads, for a checkpoint that records neither them nor an architecture.")
 @click.option("--data", default="mnist", show_default=True,
               help="'mnist' (the embedded digits) or an ImageFolder directory.")
 @click.option("--images", type=click.IntRange(min=4), default=1000, show_default=True,
@@ -116,15 +118,16 @@ DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), de
 @click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
 @DEVICE
-def analyze(checkpoint, arch, data, images, out, metric, isi_recon, batch_size, no_ema, device) -> None:
+def analyze(checkpoint, arch, num_heads, data, images, out, metric, isi_recon, batch_size, no_ema, device) -> None:
     """Per-layer diagnostics of a trained ViT checkpoint."""
     from .depth import recommend_depth
     from .offline import analyze_checkpoint
     from .tables import analysis_table, phases_line, recommendation_text
 
-    result, paths = analyze_checkpoint(checkpoint, arch=arch, data=data, images=images, out=out, metric=metric,
-                                       with_isi_recon=isi_recon, batch_size=batch_size, prefer_ema=not no_ema,
-                                       device=_device(device))
+    result, paths = analyze_checkpoint(checkpoint, arch=arch, num_heads=num_heads, data=data, images=images, out=out,
+                                       metric=metric, with_isi_recon=isi_recon, batch_size=batch_size,
+                                       prefer_ema=not no_ema, device=_device(device),
+                                       echo=lambda line: click.echo(line, err=True))
     click.echo(analysis_table(result))
     click.echo(phases_line(result))
     click.echo(f"recommended depth: {recommendation_text(recommend_depth(result).to_dict())}")
@@ -193,11 +196,13 @@ from .truncate import DEFAULT_STRATEGY, HEAL_EPOCHS, HEAL_LR, STRATEGIES  # noqa
 @click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), default="pt", show_default=True)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help="Also write the report as JSON.")
 @click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
+@click.option("--num-heads", type=click.IntRange(min=1),
+              help="Attention heads, for a checkpoint that records neither them nor an architecture.")
 @click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Healing order and random strategy seed.")
 @DEVICE
 def truncate(checkpoint, out, analysis, data, strategy, keep, max_drop, budget, train_last, epochs, lr, distill,
-             metric, images, fmt, report, arch, no_ema, seed, device) -> None:
+             metric, images, fmt, report, arch, num_heads, no_ema, seed, device) -> None:
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
     fine-tuning its late blocks."""
     from .truncate import candidates_table, report_table, truncate
@@ -208,8 +213,8 @@ def truncate(checkpoint, out, analysis, data, strategy, keep, max_drop, budget, 
             "budget": DEFAULT_BUDGET if budget is None else budget}
     result = truncate(checkpoint, out, analysis=analysis, data=data, strategy=strategy, keep=keep, **auto,
                       train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images,
-                      fmt=fmt, report=report, arch=arch, prefer_ema=not no_ema, device=_device(device), seed=seed,
-                      progress=True)
+                      fmt=fmt, report=report, arch=arch, num_heads=num_heads, prefer_ema=not no_ema,
+                      device=_device(device), seed=seed, progress=True)
     if result.report["search"]:
         click.echo(candidates_table(result.report))
         if result.report["search"]["message"]:
@@ -225,6 +230,8 @@ def truncate(checkpoint, out, analysis, data, strategy, keep, max_drop, budget, 
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Output checkpoint; isiwatch.checkpoint.load_checkpoint(OUT).build() loads it back.")
 @click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
+@click.option("--num-heads", type=click.IntRange(min=1),
+              help="Attention heads, for a checkpoint that records neither them nor an architecture.")
 @click.option("--norms/--no-norms", default=True, show_default=True,
               help="Prefix-token affine parameters in every block's norm1 and norm2.")
 @click.option("--qkv-blocks", default="none", show_default=True,
@@ -234,12 +241,13 @@ def truncate(checkpoint, out, analysis, data, strategy, keep, max_drop, budget, 
 @click.option("--layer-scale", is_flag=True, help="Also specialise LayerScale ls1/ls2 (models with init_values).")
 @click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), default="pt", show_default=True)
 @click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
-def specialize(checkpoint, out, arch, norms, qkv_blocks, lora_rank, layer_scale, fmt, no_ema) -> None:
+def specialize(checkpoint, out, arch, num_heads, norms, qkv_blocks, lora_rank, layer_scale, fmt, no_ema) -> None:
     """Give [CLS]/prefix tokens their own norms (and QKV) in a ViT checkpoint; same function at conversion."""
     from .specialize import parse_qkv_blocks, specialize_checkpoint
 
-    report = specialize_checkpoint(checkpoint, out, arch=arch, norms=norms, qkv_blocks=parse_qkv_blocks(qkv_blocks),
-                                   lora_rank=lora_rank, layer_scale=layer_scale, fmt=fmt, prefer_ema=not no_ema)
+    report = specialize_checkpoint(checkpoint, out, arch=arch, num_heads=num_heads, norms=norms,
+                                   qkv_blocks=parse_qkv_blocks(qkv_blocks), lora_rank=lora_rank,
+                                   layer_scale=layer_scale, fmt=fmt, prefer_ema=not no_ema)
     click.echo(f"specialised {report['arch']}: {report['options']}")
     click.echo(f"parameters {report['base']:,} + {report['added']:,} prefix-token ({100 * report['fraction']:.2f} %); "
                f"max |output change| at conversion {report['max_abs_diff']:.1e}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from torch import Tensor, nn
@@ -37,6 +38,7 @@ def analyze_checkpoint(
     checkpoint: str | Path,
     *,
     arch: str | None = None,
+    num_heads: int | None = None,
     data: str = "mnist",
     images: int = 1000,
     out: str | Path | None = None,
@@ -45,18 +47,26 @@ def analyze_checkpoint(
     batch_size: int = 1000,
     prefer_ema: bool = True,
     device: str = "cpu",
+    echo: Callable[[str], None] | None = None,
 ) -> tuple[Analysis, list[Path]]:
-    """Analyse a checkpoint; with ``out``, write ``analysis.json`` and ``curves.png`` there."""
+    """Analyse a checkpoint; with ``out``, write ``analysis.json`` and ``curves.png`` there.
+
+    ``arch`` and ``num_heads`` resolve checkpoints that do not record them (:func:`load_checkpoint`). When
+    ``data`` holds fewer than ``images`` images, all of them are used, the model info records that count and
+    ``echo`` (if given) receives a one-line note saying so.
+    """
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
-    ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema)
+    ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema, num_heads=num_heads)
     model = ckpt.build().to(device)
     x, y = probe_images(model, data, images)
+    if len(x) < images and echo is not None:
+        echo(f"note: --images {images} requested but {data} has only {len(x)}; analysed {len(x)} images")
     result = analyze(model, x, y, batch_size=batch_size, with_isi_recon=with_isi_recon, phase_metric=metric)
     if metric not in result.layers:
         raise ValueError(f"metric {metric!r} is not available for this model")
     result.model.update({"arch": ckpt.arch, "model_kwargs": ckpt.model_kwargs, "checkpoint": str(ckpt.path),
-                         "sha256": ckpt.sha256, "data": data,
+                         "sha256": ckpt.sha256, "data": data, "images": len(x),
                          "parameters": sum(p.numel() for p in model.parameters())})
     paths: list[Path] = []
     if out is not None:

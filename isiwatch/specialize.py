@@ -213,6 +213,7 @@ def specialize_checkpoint(
     out: str | Path,
     *,
     arch: str | None = None,
+    num_heads: int | None = None,
     norms: bool = True,
     qkv_blocks: QkvBlocks = None,
     lora_rank: int | None = None,
@@ -228,7 +229,7 @@ def specialize_checkpoint(
     checkpoint, out = Path(checkpoint), Path(out)
     if out.resolve() == checkpoint.resolve():
         raise ValueError(f"{out}: --out must differ from the input checkpoint (inputs are never modified)")
-    ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema)
+    ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema, num_heads=num_heads)
     original = ckpt.build()
     model = ckpt.build()
     specialize(model, norms=norms, qkv_blocks=qkv_blocks, lora_rank=lora_rank, layer_scale=layer_scale)

@@ -253,6 +253,7 @@ def truncate(
     fmt: str = "pt",
     report: str | Path | None = None,
     arch: str | None = None,
+    num_heads: int | None = None,
     prefer_ema: bool = True,
     device: str = "cpu",
     seed: int = 0,
@@ -282,7 +283,7 @@ def truncate(
         raise ValueError(f"epochs must be at least 0 and images at least 4, got {epochs} and {images}")
     if out.resolve() == checkpoint.resolve() or (report is not None and Path(report).resolve() == checkpoint.resolve()):
         raise ValueError(f"{out}: refusing to overwrite the input checkpoint; choose another --out")
-    ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema)
+    ckpt = load_checkpoint(checkpoint, arch=arch, num_heads=num_heads, prefer_ema=prefer_ema)
     uncut = ckpt.build().to(device).eval()
     depth = len(_blocks(uncut))
     if keep is not None and not 1 <= keep < depth:

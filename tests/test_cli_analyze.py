@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from isiwatch.analysis import Analysis
-from isiwatch.checkpoint import load_checkpoint, save_checkpoint
+from isiwatch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from isiwatch.cli import main
 from isiwatch.depth import recommend_depth
 
@@ -76,13 +76,14 @@ def test_timm_train_checkpoint_prefers_ema_and_reads_args(vit, tmp_path):
 def test_plain_prefixed_and_safetensors_state_dicts(vit, tmp_path):
     plain = tmp_path / "plain.pt"
     torch.save({f"model.{k}": v for k, v in vit.state_dict().items()}, plain)  # Lightning-style prefix
-    ckpt = load_checkpoint(plain, arch="vit_tiny_patch16_224")
+    ckpt = load_checkpoint(plain, num_heads=2)
     assert ckpt.model_kwargs["embed_dim"] == 32 and ckpt.model_kwargs["img_size"] == 28
-    ckpt.model_kwargs["num_heads"] = 2
-    ckpt.build()
+    assert ckpt.build().blocks[0].attn.num_heads == 2
     st = tmp_path / "w.safetensors"
     save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, str(st))
-    assert load_checkpoint(st).build() is not None
+    with pytest.raises(CheckpointError, match="head count is not in the tensors"):  # no guessing from the width
+        load_checkpoint(st)
+    assert load_checkpoint(st, num_heads=2).build().blocks[0].attn.num_heads == 2
     reg = timm.create_model("vit_tiny_patch16_224", pretrained=False, reg_tokens=2, class_token=False,
                             global_pool="avg", **KWARGS)
     path = save_checkpoint(tmp_path / "reg.safetensors", "vit_tiny_patch16_224", {"num_heads": 2}, reg.state_dict(),
@@ -141,3 +142,85 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
     assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0
     version = subprocess.run([sys.executable, "-m", "isiwatch.cli", "--version"], capture_output=True, text=True)
     assert version.returncode == 0 and "0.1.0" in version.stdout
+
+
+def one_line_error(result):
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    return lines[0]
+
+
+def comparable(out):
+    data = json.loads((out / "analysis.json").read_text())
+    for key in ("checkpoint", "sha256"):
+        data["model"].pop(key)
+    return data
+
+
+def test_bare_state_dict_is_refused_without_the_head_count_and_analysed_with_it(tmp_path):
+    torch.manual_seed(1)
+    kwargs = {**KWARGS, "num_heads": 4}  # 32 // 64 would have guessed 1 head: same shapes, another model
+    four = timm.create_model("vit_tiny_patch16_224", pretrained=False, **kwargs)
+    bare = tmp_path / "bare.pt"
+    torch.save(four.state_dict(), bare)
+    with pytest.raises(CheckpointError, match="records no architecture and no num_heads"):
+        load_checkpoint(bare)
+    line = one_line_error(run("analyze", bare, "--images", 100, "--out", tmp_path / "refused"))
+    assert "--arch NAME" in line and "--num-heads N" in line and not (tmp_path / "refused").exists()
+    assert "does not divide" in one_line_error(run("analyze", bare, "--num-heads", 3, "--out", tmp_path / "r3"))
+    recorded = save_checkpoint(tmp_path / "recorded.pt", "vit_tiny_patch16_224", kwargs, four.state_dict())
+    assert "records num_heads 4" in one_line_error(run("analyze", recorded, "--num-heads", 2, "--out", tmp_path / "r2"))
+    for path, extra, out in ((bare, ["--num-heads", 4], "given"), (recorded, [], "recorded")):
+        result = run("analyze", path, *extra, "--images", 200, "--out", tmp_path / out)
+        assert result.exit_code == 0, result.output
+    given, original = comparable(tmp_path / "given"), comparable(tmp_path / "recorded")
+    assert given["model"]["model_kwargs"]["num_heads"] == 4
+    assert given["layers"] == original["layers"] and given["phases"] == original["phases"]
+    assert not any((tmp_path / o).exists() for o in ("r2", "r3"))
+
+
+def test_arch_default_config_gives_the_head_count_and_must_fit(tmp_path):
+    tiny = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10)  # 192 wide, 3 heads
+    bare, train = tmp_path / "bare.pt", tmp_path / "train.pth.tar"
+    torch.save(tiny.state_dict(), bare)
+    torch.save({"arch": "vit_tiny_patch16_224", "args": argparse.Namespace(model_kwargs={}),
+                "state_dict": tiny.state_dict()}, train)
+    for path, arch in ((bare, "vit_tiny_patch16_224"), (bare, "deit_tiny_patch16_224"), (train, None),
+                       (train, "deit_tiny_patch16_224")):  # same default shapes and heads: consistent
+        ckpt = load_checkpoint(path, arch=arch)
+        assert ckpt.model_kwargs["num_heads"] == 3 and ckpt.arch == (arch or "vit_tiny_patch16_224")
+    with pytest.raises(CheckpointError, match=r"'vit_small_patch16_224' \(embed_dim 384\) contradicts "
+                                              r"the checkpoint's tensors \(embed_dim 192\)"):
+        load_checkpoint(bare, arch="vit_small_patch16_224")  # 6 heads would fit 192 as well: no silent pick
+    with pytest.raises(CheckpointError, match=r"'vit_small_patch16_224' \(embed_dim 384, num_heads 6\) contradicts "
+                                              r"the checkpoint's recorded arch 'vit_tiny_patch16_224' "
+                                              r"\(embed_dim 192, num_heads 3\)"):
+        load_checkpoint(train, arch="vit_small_patch16_224")
+    with pytest.raises(CheckpointError, match="'resnet18' is not a ViT"):
+        load_checkpoint(bare, arch="resnet18")
+
+
+def test_contradicting_arch_is_a_one_line_error_and_writes_nothing(vit, tmp_path):
+    recorded = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", KWARGS, vit.state_dict())
+    bare = tmp_path / "bare.pt"
+    torch.save(vit.state_dict(), bare)
+    line = one_line_error(run("analyze", recorded, "--arch", "vit_small_patch16_224", "--out", tmp_path / "o1"))
+    assert "--arch 'vit_small_patch16_224'" in line and "recorded arch 'vit_tiny_patch16_224'" in line
+    line = one_line_error(run("analyze", bare, "--arch", "vit_base_patch16_224", "--out", tmp_path / "o2"))
+    assert "--arch 'vit_base_patch16_224' (embed_dim 768, depth 12, patch_size 16" in line
+    assert "contradicts the checkpoint's tensors (embed_dim 32, depth 4, patch_size 7" in line
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+    result = run("analyze", recorded, "--arch", "deit_tiny_patch16_224", "--images", 50, "--out", tmp_path / "o3")
+    assert result.exit_code == 0, result.output  # an alias with the same default shapes is consistent
+
+
+def test_more_images_than_the_data_has_are_noted_and_the_real_count_recorded(vit, tmp_path):
+    ckpt = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", KWARGS, vit.state_dict())
+    result = run("analyze", ckpt, "--images", 1000000000, "--out", tmp_path / "o")
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if line.startswith("note:")]
+    assert notes == ["note: --images 1000000000 requested but mnist has only 5000; analysed 5000 images"]
+    assert json.loads((tmp_path / "o" / "analysis.json").read_text())["model"]["images"] == 5000
+    result = run("analyze", ckpt, "--images", 60, "--out", tmp_path / "p")
+    assert result.exit_code == 0 and "note:" not in result.output
+    assert json.loads((tmp_path / "p" / "analysis.json").read_text())["model"]["images"] == 60

@@ -79,3 +79,20 @@ def test_bad_inputs_fail_in_one_line(source, tmp_path):
         assert result.exit_code == 1 and message in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1
         assert ckpt == out or not out.exists()
+
+
+def test_bare_state_dict_needs_num_heads(tmp_path):
+    torch.manual_seed(0)
+    model = timm.create_model(ARCH, pretrained=False, **KWARGS).eval()
+    bare = tmp_path / "bare.pt"
+    torch.save(model.state_dict(), bare)
+    result = run("specialize", bare, "--out", tmp_path / "refused.pt")
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "--num-heads N" in result.output and not (tmp_path / "refused.pt").exists()
+    result = run("specialize", bare, "--num-heads", 2, "--out", tmp_path / "special.pt")
+    assert result.exit_code == 0, result.output
+    special = load_checkpoint(tmp_path / "special.pt")
+    assert special.model_kwargs["num_heads"] == 2
+    x = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        assert (special.build().eval()(x) - model(x)).abs().max() <= 1e-5

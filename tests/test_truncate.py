@@ -118,6 +118,20 @@ def test_bad_keep_is_refused_without_output(timm_ckpt, tmp_path, extra, message)
     assert not out.exists() and list(tmp_path.iterdir()) == [path]
 
 
+def test_bare_state_dict_needs_num_heads(vit, folder, tmp_path):
+    bare = tmp_path / "bare.pt"
+    torch.save(vit.state_dict(), bare)
+    args = ("--strategy", "tail", "--keep", 4, "--epochs", 0, "--data", folder)
+    result = run("truncate", bare, *args, "--out", tmp_path / "refused.pt")
+    assert result.exit_code == 1 and result.output.strip().count("\n") == 0, result.output
+    assert "--num-heads N" in result.output and not (tmp_path / "refused.pt").exists()
+    result = run("truncate", bare, *args, "--num-heads", 2, "--out", tmp_path / "cut.pt")
+    assert result.exit_code == 0, result.output
+    saved = torch.load(tmp_path / "cut.pt", weights_only=True)
+    assert saved["model_kwargs"]["num_heads"] == 2 and saved["isiwatch"]["kept_blocks"] == [0, 1, 2, 3]
+    assert load_checkpoint(tmp_path / "cut.pt").build().blocks[0].attn.num_heads == 2  # recorded: reloads as is
+
+
 def test_foreign_corrupt_and_self_overwriting_inputs_are_refused(timm_ckpt, tmp_path):
     path, _ = timm_ckpt
     resnet = tmp_path / "resnet.pt"
@@ -251,10 +265,9 @@ def test_lightning_ckpt_with_foreign_hyper_parameters_loads_inertly(vit, tmp_pat
                 "state_dict": {f"model.{k}": v for k, v in vit.state_dict().items()},
                 "hyper_parameters": {"root": pathlib.Path("/data"), "mode": Mode.FAST, "hook": Boom(marker),
                                      "config": Config(), "act": torch.nn.GELU}}, path)
-    ckpt = load_checkpoint(path, arch=ARCH)
+    ckpt = load_checkpoint(path, num_heads=2)  # not recoverable from shapes
     assert ckpt.model_kwargs["depth"] == 8 and not marker.exists()
     assert torch.equal(ckpt.state_dict["cls_token"], vit.state_dict()["cls_token"])
-    ckpt.model_kwargs["num_heads"] = 2  # not recoverable from shapes
     assert len(cut_vit(ckpt.build(), [0, 5]).blocks) == 2
     # a foreign object inside the state dict itself, or a non-Lightning pickle, is still refused
     torch.save({"pytorch-lightning_version": "2.6.6", "state_dict": {"w": Boom(marker)}}, tmp_path / "bad.ckpt")
