@@ -225,6 +225,19 @@ def _phases(analysis: Analysis, metric: str) -> Phases | None:
         raise ValueError(exc.args[0]) from None
 
 
+def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]) -> None:
+    """Every output path differs from every input and from the other outputs (nothing is overwritten)."""
+    seen = {Path(p).resolve(): name for name, p in inputs.items() if p is not None}
+    for name, path in outputs.items():
+        if path is None:
+            continue
+        clash = seen.get(Path(path).resolve())
+        if clash is not None:
+            kind = "input" if clash in inputs else "output"
+            raise ValueError(f"{path}: {name} names the same file as the {kind} {clash}; choose another path")
+        seen[Path(path).resolve()] = name
+
+
 @dataclass
 class TruncateResult:
     """The truncated model, the report dict (also written as JSON with ``report=``) and the written paths."""
@@ -281,8 +294,7 @@ def truncate(
         raise ValueError(f"unknown format {fmt!r} (use 'pt' or 'safetensors')")
     if epochs < 0 or images < 4:
         raise ValueError(f"epochs must be at least 0 and images at least 4, got {epochs} and {images}")
-    if out.resolve() == checkpoint.resolve() or (report is not None and Path(report).resolve() == checkpoint.resolve()):
-        raise ValueError(f"{out}: refusing to overwrite the input checkpoint; choose another --out")
+    _check_paths({"checkpoint": checkpoint, "--analysis": analysis}, {"--out": out, "--report": report})
     ckpt = load_checkpoint(checkpoint, arch=arch, num_heads=num_heads, prefer_ema=prefer_ema)
     uncut = ckpt.build().to(device).eval()
     depth = len(_blocks(uncut))

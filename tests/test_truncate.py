@@ -145,8 +145,25 @@ def test_foreign_corrupt_and_self_overwriting_inputs_are_refused(timm_ckpt, tmp_
         assert result.output.strip().count("\n") == 0
     before = digest(path)
     result = run("truncate", path, "--keep", 2, "--strategy", "tail", "--out", path)
-    assert result.exit_code == 1 and "refusing to overwrite the input" in result.output
+    assert result.exit_code == 1 and "--out names the same file as the input checkpoint" in result.output
     assert digest(path) == before and not (tmp_path / "o.pt").exists()
+
+
+@pytest.mark.parametrize("names, message", [
+    (("--out", "o.pt", "--report", "o.pt"), "--report names the same file as the output --out"),
+    (("--out", "o.pt", "--analysis", "o.pt"), "--out names the same file as the input --analysis"),
+    (("--out", "a.json", "--analysis", "a.json", "--report", "r.json"), "--out names the same file as the input"),
+    (("--out", "o.pt", "--analysis", "a.json", "--report", "a.json"), "--report names the same file as the input"),
+])
+def test_every_output_path_differs_from_the_inputs_and_the_other_outputs(timm_ckpt, tmp_path, names, message):
+    path, _ = timm_ckpt
+    (tmp_path / "a.json").write_text("{}")
+    before = {p.name: digest(p) for p in tmp_path.iterdir()}
+    args = [str(tmp_path / a) if a.endswith((".pt", ".json")) else a for a in names]
+    result = run("truncate", path, "--keep", 2, "--strategy", "tail", "--epochs", 0, *args)
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert result.output.strip().count("\n") == 0
+    assert {p.name: digest(p) for p in tmp_path.iterdir()} == before  # nothing written, nothing changed
 
 
 def test_choose_blocks_per_strategy():
