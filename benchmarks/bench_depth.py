@@ -106,6 +106,15 @@ def needed_depth(means: dict[int, float], tolerance: float = 0.01) -> int:
     return min(d for d, m in means.items() if m >= best - tolerance)
 
 
+def paired(rows: list[dict], depth: int, deepest: int) -> dict:
+    """Held-out accuracy of ``depth`` minus ``deepest``, same seed: differences, mean and 95 % half-width."""
+    by_seed = {(r["depth"], r["seed"]): r["held_out_accuracy"] for r in rows}
+    diffs = [by_seed[(depth, s)] - by_seed[(deepest, s)] for (d, s) in by_seed
+             if d == deepest and (depth, s) in by_seed]
+    mean, half = mean_ci(diffs)
+    return {"differences": diffs, "mean": mean, "ci95": half}
+
+
 def summarise(rows: list[dict]) -> dict:
     tasks = {}
     for name in sorted({r["task"] for r in rows}):
@@ -124,13 +133,9 @@ def summarise(rows: list[dict]) -> dict:
         means = {p["depth"]: p["mean"] for p in per_depth}
         best = max(means, key=means.get)
         deepest = depths[-1]
-        by_seed = {(r["depth"], r["seed"]): r["held_out_accuracy"] for r in sel}
-        diffs = [by_seed[(best, s)] - by_seed[(deepest, s)] for (d, s) in by_seed if d == deepest
-                 and (best, s) in by_seed]
-        diff_mean, diff_half = mean_ci(diffs) if diffs else (None, None)
-        tasks[name] = {"per_depth": per_depth, "needed_depth": needed_depth(means), "best_depth": best,
-                       "best_minus_deepest": {"depths": [best, deepest], "differences": diffs,
-                                              "mean": diff_mean, "ci95": diff_half},
+        needed = needed_depth(means)
+        tasks[name] = {"per_depth": per_depth, "needed_depth": needed, "best_depth": best,
+                       "paired_minus_deepest": {d: paired(sel, d, deepest) for d in sorted({needed, best} - {deepest})},
                        "monotonic": all(means[a] <= means[b] for a, b in zip(depths, depths[1:]))}
     return tasks
 
@@ -146,11 +151,13 @@ def markdown(tasks: dict) -> list[str]:
             ci = f" ± {100 * p['ci95']:.1f}" if p["ci95"] is not None else ""
             lines.append(f"| {p['depth']} | {len(p['seeds'])} | {100 * p['mean']:.1f}{ci} | {p['train_seconds']:.0f} | "
                          f"{p['train_gflops']:.0f} | {p['forward_mflops_per_image']:.2f} | {p['parameters']:,} |")
-        b = t["best_minus_deepest"]
-        if b["differences"]:
+        deepest = t["per_depth"][-1]["depth"]
+        lines.append("")
+        for depth, b in t["paired_minus_deepest"].items():
             ci = f" ± {100 * b['ci95']:.1f}" if b["ci95"] is not None else ""
-            lines += ["", f"Depth {b['depths'][0]} minus depth {b['depths'][1]}, same seed: "
-                          f"{100 * b['mean']:+.1f}{ci} points over {len(b['differences'])} seeds.", ""]
+            lines.append(f"Depth {depth} minus depth {deepest}, same seed: {100 * b['mean']:+.1f}{ci} points over "
+                         f"{len(b['differences'])} seeds ({', '.join(f'{100 * d:+.1f}' for d in b['differences'])}).")
+        lines.append("")
     return lines
 
 
