@@ -74,10 +74,16 @@ class WatchSlot:
 
     def step(self, global_step: int, loss: Tensor | float | None) -> dict[str, float] | None:
         """``Watch.step``; returns the logger summary when this call sampled, else None."""
-        watch = self.watch
-        before = watch.last_step
-        watch.step(global_step, loss)
-        return logged_series(watch) if watch.last_step != before else None
+        before = self.watch.last_step
+        self.watch.step(global_step, loss)
+        return logged_series(self.watch) if self.watch.last_step != before else None
+
+    def finish(self) -> dict[str, float] | None:
+        """``Watch.finish`` (the final sample, if the last step was not sampled), while the framework's loggers
+        are open; returns the logger summary when it sampled, else None."""
+        before = self.watch.last_step
+        self.watch.finish()
+        return logged_series(self.watch) if self.watch.last_step != before else None
 
     def state_dict(self) -> dict | None:
         return self.watch.state_dict() if self._open else self._state
@@ -87,8 +93,9 @@ class WatchSlot:
         if self._open:
             self.watch.load_state_dict(state)
 
-    def close(self) -> None:
+    def close(self, final_sample: bool = True) -> None:
+        """``Watch.close``: the final sample unless ``final_sample`` is False (after an exception)."""
         if self._open:
+            self.watch.close(final_sample=final_sample)
             self._state = self.watch.state_dict()
-            self.watch.close()
             self._open = False

@@ -26,7 +26,9 @@ def network(pl_module: pl.LightningModule) -> nn.Module:
 
 class ISIWatchCallback(pl.Callback):
     """Samples the LightningModule's ViT (:func:`network`) every ``every_n_steps`` optimizer steps
-    (``trainer.global_step``).
+    (``trainer.global_step``, read on the batch that completes an optimizer step, so under gradient accumulation
+    neither step 0 nor the accumulating batches), and once more at the end of training if the last step was
+    not sampled.
 
     ``watch_options`` are :class:`isiwatch.Watch`'s keyword arguments (``every_n_steps``, ``log_dir``,
     ``monitor``, ``stop_on_plateau``, ``config``, ...). On each sample the ``isiwatch/*`` summary goes to every
@@ -37,6 +39,7 @@ class ISIWatchCallback(pl.Callback):
 
     def __init__(self, probe_images: Tensor, probe_labels: Tensor | None = None, **watch_options: Any):
         self.slot = WatchSlot(probe_images, probe_labels, watch_options)
+        self._step_before_batch: int | None = None
 
     @property
     def watch(self) -> Watch | None:
@@ -45,20 +48,37 @@ class ISIWatchCallback(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.slot.open(network(pl_module))
 
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._step_before_batch = trainer.global_step
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        summary = self.slot.step(trainer.global_step, loss_value(outputs))
+        if trainer.global_step == self._step_before_batch:
+            return  # an accumulating batch: no optimizer step
+        loss = loss_value(outputs)
+        if loss is not None and pl_module.automatic_optimization and trainer.accumulate_grad_batches > 1:
+            # Lightning's automatic optimization hands over the training_step loss divided by the accumulation
+            # factor (ClosureResult, lightning 2.x); record the loss the training_step returned
+            loss = loss * trainer.accumulate_grad_batches
+        self._log(trainer, self.slot.step(trainer.global_step, loss))
+        if self.watch.should_stop:
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # the final sample here, not at teardown: the loggers are still open and the model still on its device
+        self._log(trainer, self.slot.finish())
+
+    def _log(self, trainer: pl.Trainer, summary: dict[str, float] | None) -> None:
         if summary is not None:
             for logger in trainer.loggers:
                 logger.log_metrics(summary, step=trainer.global_step)
-        if self.watch.should_stop:
-            trainer.should_stop = True
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.slot.close()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self.slot.close()
+        self.slot.close(final_sample=False)  # no probe pass on a model an exception left behind
 
     def state_dict(self) -> dict[str, Any]:
         return self.slot.state_dict() or {}

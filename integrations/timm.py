@@ -9,12 +9,18 @@ hook counts updates and samples, a forward hook on the task reads the loss, and 
 from __future__ import annotations
 
 import atexit
-from collections.abc import Iterable
+import copy
+import random
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from itertools import islice
 from typing import Any
 
+import numpy as np
 import torch
 from isiwatch.integrations.common import LossTap
 from torch import Tensor, nn
+from torch.utils.data import DataLoader, IterableDataset
 
 from isiwatch.monitor import Watch
 
@@ -28,15 +34,52 @@ class StopTraining(KeyboardInterrupt):
 def probe_batch(loader: Iterable, count: int = 256) -> tuple[Tensor, Tensor]:
     """The first ``count`` images and labels of a timm loader (train.py's ``loader_eval``): eval transforms,
     normalised (by the prefetcher when there is one), on the loader's device. Under DDP each rank reads its
-    own shard of the eval set; the stop decision is agreed all the same."""
+    own shard of the eval set; the stop decision is agreed all the same.
+
+    Training is not perturbed: the loader is read without its own iterator (:func:`_batches`) and the torch
+    (CPU, current CUDA device), Python and numpy RNG states are restored afterwards."""
     images, labels, seen = [], [], 0
-    for batch_images, batch_labels in loader:
-        images.append(batch_images)
-        labels.append(batch_labels)
-        seen += len(batch_images)
-        if seen >= count:
-            break
+    with _rng_restored():
+        for batch_images, batch_labels in _batches(loader):
+            images.append(batch_images)
+            labels.append(batch_labels)
+            seen += len(batch_images)
+            if seen >= count:
+                break
     return torch.cat(images)[:count], torch.cat(labels)[:count]
+
+
+def _batches(loader: Iterable) -> Iterator:
+    """The loader's batches, read in this process through its batch sampler, dataset and collate function (and
+    timm's ``PrefetchLoader`` normalisation, on a copy). Not through the DataLoader's iterator: creating one draws
+    a seed from the global torch RNG, and a persistent-worker (timm's default) or multi-epoch loader keeps it,
+    so train.py's first validation would then draw nothing and start later epochs from a different RNG state."""
+    inner = getattr(loader, "loader", loader)  # timm's PrefetchLoader wraps a DataLoader
+    if not isinstance(inner, DataLoader) or inner.batch_sampler is None:
+        return iter(loader)
+    if isinstance(inner.dataset, IterableDataset):  # no indices: a worker-less loader of its own
+        batches = iter(DataLoader(inner.dataset, batch_size=inner.batch_size, collate_fn=inner.collate_fn))
+    else:  # len(inner) bounds timm's endlessly repeating multi-epoch batch sampler
+        batches = (inner.collate_fn([inner.dataset[i] for i in indices])
+                   for indices in islice(inner.batch_sampler, len(inner)))
+    if inner is loader:
+        return batches
+    prefetcher = copy.copy(loader)
+    prefetcher.loader = batches
+    return iter(prefetcher)
+
+
+@contextmanager
+def _rng_restored() -> Iterator[None]:
+    """Restores the global torch (CPU and, if initialised, the current CUDA device), Python and numpy RNGs."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=cuda, device_type="cuda"):
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 class TrainScriptWatch:
@@ -46,7 +89,7 @@ class TrainScriptWatch:
     itself (older train.py; no loss then). ``start_step``: updates already done when resuming
     (``start_epoch * updates_per_epoch``), so sampling steps continue the run's numbering. Optimizer steps
     that a ``GradScaler`` skips (non-finite gradients) are not counted. Closes itself when it stops the run
-    and at interpreter exit.
+    and at interpreter exit; closing samples the last update if it was not sampled (``Watch.close``).
     """
 
     def __init__(self, task: nn.Module, optimizer: torch.optim.Optimizer, probe_images: Tensor,

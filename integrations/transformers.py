@@ -13,7 +13,8 @@ from isiwatch.monitor import Watch
 
 
 class ISIWatchCallback(TrainerCallback, ExportableState):
-    """Samples the Trainer's model every ``every_n_steps`` optimizer steps (``state.global_step``).
+    """Samples the Trainer's model every ``every_n_steps`` optimizer steps (``state.global_step``), and once more
+    at the end of the last epoch if the last step was not sampled.
 
     ``watch_options`` are :class:`isiwatch.Watch`'s keyword arguments. On a sampling step the callback asks
     the Trainer to log and adds the ``isiwatch/*`` summary to that step's logs (and ``state.log_history``);
@@ -49,12 +50,20 @@ class ISIWatchCallback(TrainerCallback, ExportableState):
         self._loss = LossTap(model)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
-        summary = self.slot.step(state.global_step, self._loss.value)
+        self._log(control, self.slot.step(state.global_step, self._loss.value))
+        if self.watch.should_stop:
+            control.should_training_stop = True
+
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
+        # The final sample here rather than in on_train_end: the Trainer loads the best checkpoint
+        # (load_best_model_at_end) before on_train_end, and logs once more after this event.
+        if control.should_training_stop:
+            self._log(control, self.slot.finish())
+
+    def _log(self, control: TrainerControl, summary: dict[str, float] | None) -> None:
         if summary is not None:
             self._summary = summary
             control.should_log = True
-        if self.watch.should_stop:
-            control.should_training_stop = True
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, float] | None = None, **kwargs) -> None:

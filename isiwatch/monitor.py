@@ -2,12 +2,13 @@
 
 Every ``every_n_steps`` optimizer steps it runs one probe pass on a fixed probe batch, records the
 per-layer curves, detects the phases and plateau onset, recommends a depth (:mod:`isiwatch.depth`), raises
-alerts, updates early stopping and exports to TensorBoard, Prometheus and JSONL. Between sampling steps
-``step()`` is a modulo and a return.
+alerts, updates early stopping and exports to TensorBoard, Prometheus and JSONL; closing it samples the last
+step once more if that step was not sampled. Between sampling steps ``step()`` is a modulo and a return.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -27,6 +28,8 @@ from .phases import PlateauTracker
 from .sample import Sample
 from .stopping import EarlyStopping, PlateauStopping
 from .taps import unwrap_model, vit_parts
+
+logger = logging.getLogger("isiwatch")
 
 
 def _distributed() -> bool:
@@ -92,6 +95,9 @@ class Watch:
         self.should_stop = False
         self.stop_reason: str | None = None
         self.last_step: int | None = None
+        self._seen_step: int | None = None  # the last step() call, for the final sample
+        self._seen_loss: float | Tensor | None = None
+        self._closed = False
 
         self.jsonl = self.tensorboard = self.prometheus = None
         sinks = [log_sink]
@@ -112,15 +118,28 @@ class Watch:
     def step(self, global_step: int, loss: float | Tensor | None = None) -> list[Alert]:
         """Call after every optimizer step; samples when ``global_step`` is a multiple of ``every_n_steps``.
 
-        ``loss`` (optional, read only on sampling steps) feeds the ``isi_stall`` alert and the ``loss``
-        series. Returns the alert records emitted at this step.
+        ``loss`` (optional, read only on sampling steps and by :meth:`finish`) feeds the ``isi_stall`` alert
+        and the ``loss`` series. Returns the alert records emitted at this step.
         """
+        self._seen_step, self._seen_loss = global_step, loss
         if global_step % self.options.every_n_steps or global_step == self.last_step:
             return []
         return self.sample(global_step, loss)
 
+    def finish(self) -> list[Alert]:
+        """Sample the last step passed to :meth:`step` unless it was sampled: the final weights are always in the
+        record, and a run shorter than ``every_n_steps`` has one sample, not none. Early stopping is not
+        updated (training is over, and ``stop_reason`` must not claim a stop that did not happen).
+        :meth:`close` calls it; the integrations call it earlier, while the framework's loggers are open."""
+        if self._seen_step is None or self._seen_step == self.last_step:
+            return []
+        return self._sample(self._seen_step, self._seen_loss, stopping=False)
+
     def sample(self, global_step: int, loss: float | Tensor | None = None) -> list[Alert]:
         """Run one probe pass now, regardless of ``every_n_steps``."""
+        return self._sample(global_step, loss, stopping=True)
+
+    def _sample(self, global_step: int, loss: float | Tensor | None, stopping: bool) -> list[Alert]:
         self.last_step = global_step
         if isinstance(loss, Tensor):
             loss = float(loss.detach())
@@ -135,7 +154,8 @@ class Watch:
         self.history.append(sample)
         self.tracker.update(global_step, sample.phases)
         alerts = self.alerts.update(global_step, self._conditions(sample))
-        self._update_stopping(sample)
+        if stopping:
+            self._update_stopping(sample)
         if self.jsonl:
             self.jsonl.write_sample(sample)
         if self.tensorboard:
@@ -238,8 +258,19 @@ class Watch:
         self._stall.extend(tuple(p) for p in state["isi_stall"])
 
     # -- lifetime ---------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Flush and close the exporters (heat-maps are written one last time)."""
+    def close(self, *, final_sample: bool = True) -> None:
+        """Take the final sample (:meth:`finish`; ``final_sample=False`` skips it, e.g. after a crash), warn if
+        the run has no sample at all, then flush and close the exporters (heat-maps are written one last time).
+        A second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        if final_sample:
+            self.finish()
+            if self.last_step is None:
+                logger.warning("isiwatch: run %s ended without a single sample: step() was never called, so "
+                               "nothing was recorded", self.run)
+        self._seen_loss = None  # may hold the caller's loss tensor
         if self.tensorboard:
             self.tensorboard.close(self.history)
             self.tensorboard = None
@@ -252,5 +283,5 @@ class Watch:
     def __enter__(self) -> Watch:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(final_sample=exc_type is None)  # no probe pass on a model an exception left behind

@@ -21,10 +21,13 @@ class DigitsViT(pl.LightningModule):
         self.net = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7,
                                      in_chans=1, num_classes=10, embed_dim=32, depth=3, num_heads=2,
                                      drop_rate=0.1, drop_path_rate=0.1)
+        self.losses = []  # every training_step's loss
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        return F.cross_entropy(self.net(x), y)
+        loss = F.cross_entropy(self.net(x), y)
+        self.losses.append(loss.item())
+        return loss
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), 1e-3)
@@ -38,13 +41,13 @@ def digits():
     return TensorDataset(x[:256], y[:256]), x[4000:4048], y[4000:4048]
 
 
-def fit(tmp_path, data, callbacks, max_steps, ckpt_path=None, logger=False):
+def fit(tmp_path, data, callbacks, max_steps, ckpt_path=None, logger=False, **trainer_args):
     torch.manual_seed(1)
     module = DigitsViT()
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, logger=logger, callbacks=callbacks,
                          enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(
                              [c for c in callbacks if isinstance(c, ModelCheckpoint)]),
-                         default_root_dir=tmp_path, num_sanity_val_steps=0)
+                         default_root_dir=tmp_path, num_sanity_val_steps=0, **trainer_args)
     trainer.fit(module, DataLoader(data, batch_size=32, shuffle=True), ckpt_path=ckpt_path)
     return trainer, module
 
@@ -86,3 +89,18 @@ def test_isiwatch_stop_ends_lightning_training(digits, tmp_path):
     assert trainer.global_step == 4 and trainer.should_stop and "stopping threshold" in watch_cb.watch.stop_reason
     records = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert [(r["kind"], r["step"]) for r in records if r["kind"] == "early_stop"] == [("early_stop", 4)]
+
+
+def test_gradient_accumulation_samples_optimizer_steps_with_the_training_step_loss(digits, tmp_path):
+    data, px, py = digits
+    watch_cb = ISIWatchCallback(px, py, every_n_steps=2, log_dir=tmp_path / "isiwatch")
+    trainer, module = fit(tmp_path, data, [watch_cb], max_steps=5, accumulate_grad_batches=2,
+                          logger=CSVLogger(tmp_path, name="csv"))
+    assert trainer.global_step == 5 and len(module.losses) == 10  # 8 batches an epoch: optimizer steps 1-4, 5
+    records = [json.loads(line) for line in (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4, 5]  # 5: the final sample, at the end of training
+    # optimizer step s completes on batch 2s - 1 (0-based); its training_step loss, not the loss / 2
+    assert [r["loss"] for r in records] == [module.losses[2 * s - 1] for s in (2, 4, 5)]
+    with open(trainer.logger.log_dir + "/metrics.csv") as fh:
+        assert [int(r["step"]) for r in csv.DictReader(fh) if r.get("isiwatch/probe_cls/last")] == [2, 4, 5]
+    assert watch_cb.state_dict()["last_step"] == 5 and not watch_cb.watch.should_stop

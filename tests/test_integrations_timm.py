@@ -3,10 +3,14 @@ the training utilities train.py uses: create_dataset/create_loader, Mixup, Class
 create_optimizer_v2, create_scheduler_v2 and CheckpointSaver."""
 
 import json
+import random
+from itertools import islice
 
+import numpy as np
 import pytest
 import timm
 import torch
+from isiwatch.integrations.timm import probe_batch
 from PIL import Image
 from timm.data import Mixup, create_dataset, create_loader
 from timm.loss import SoftTargetCrossEntropy
@@ -33,10 +37,10 @@ def image_folders(tmp_path_factory):
     return root
 
 
-def loader(root, split, training):
+def loader(root, split, training, **kw):
     dataset = create_dataset("", root=str(root), split=split, is_training=training, input_img_mode="L")
     return create_loader(dataset, input_size=(1, 28, 28), batch_size=32, is_training=training, no_aug=True,
-                         mean=(MNIST_MEAN,), std=(MNIST_STD,), num_workers=0, use_prefetcher=False,
+                         mean=(MNIST_MEAN,), std=(MNIST_STD,), **{"num_workers": 0, "use_prefetcher": False, **kw},
                          device=torch.device("cpu"), crop_pct=1.0)
 
 
@@ -92,7 +96,7 @@ def test_train_script_patch_samples_every_n_updates(image_folders, tmp_path):
     run.close()
     assert num_updates == 9 and [epoch for _, epoch in saver.checkpoint_files] == [2, 1, 0]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [2, 4, 6, 8]
+    assert [r["step"] for r in records] == [2, 4, 6, 8, 9]  # 9: the final sample, at close
     assert all(r["loss"] > 0 for r in records) and len(records[0]["layers"]["probe_cls"]) == 3
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in task.modules())
     assert run.watch.probe_images.shape == (48, 1, 28, 28)
@@ -106,3 +110,55 @@ def test_isiwatch_stop_ends_the_train_script_mid_epoch(image_folders, tmp_path):
     assert run.watch.should_stop and run.watch.tensorboard is None  # closed itself
     records = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert [(r["kind"], r["step"]) for r in records if r["kind"] == "early_stop"] == [("early_stop", 4)]
+
+
+def rng_states():
+    return torch.get_rng_state(), random.getstate(), np.random.get_state()
+
+
+def assert_same_rng(a, b):
+    assert torch.equal(a[0], b[0]) and a[1] == b[1]
+    assert a[2][0] == b[2][0] and np.array_equal(a[2][1], b[2][1]) and a[2][2:] == b[2][2:]
+
+
+def test_probe_batch_touches_no_rng_and_no_loader_state(image_folders):
+    plain = loader(image_folders, "validation", False)
+    persistent = loader(image_folders, "validation", False, num_workers=1)  # timm's default: persistent workers
+    prefetched = loader(image_folders, "validation", False, use_prefetcher=True)  # normalises on the "device"
+    results = []
+    for source in (plain, persistent, prefetched):
+        before = rng_states()
+        results.append(probe_batch(source, 40))
+        assert_same_rng(before, rng_states())
+    assert persistent._iterator is None  # no worker started and no iterator kept for the eval loop
+    expected = [torch.cat(parts)[:40] for parts in zip(*plain)]
+    for images, labels in results:
+        assert torch.allclose(images, expected[0], atol=1e-5) and torch.equal(labels, expected[1])
+        assert images.shape == (40, 1, 28, 28)
+
+
+def first_losses(root, read_probe_batch, updates=3):
+    """train.py's first updates (shuffled loader, Mixup, drop-path), with or without the probe batch read first."""
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7, in_chans=1,
+                              num_classes=10, embed_dim=32, depth=3, num_heads=2, drop_path_rate=0.2)
+    loader_train, loader_eval = loader(root, "train", True), loader(root, "validation", False)
+    if read_probe_batch:
+        probe_batch(loader_eval, 48)
+    mixup_fn = Mixup(mixup_alpha=0.2, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=10)
+    task = ClassificationTask(model, criterion=SoftTargetCrossEntropy(), device=torch.device("cpu"), verbose=False)
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3)
+    losses = []
+    for input, target in islice(loader_train, updates):
+        loss = task(*mixup_fn(input, target))["loss"]
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_reading_the_probe_batch_does_not_change_training(image_folders):
+    assert first_losses(image_folders, True) == first_losses(image_folders, False)

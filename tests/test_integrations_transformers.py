@@ -77,3 +77,15 @@ def test_rebuilding_callbacks_from_json_is_refused(digits, tmp_path):
     with pytest.raises(ValueError, match="restore_callback_states_from_checkpoint"):
         trainer_for(tmp_path, data, 2, restore_callback_states_from_checkpoint=True,
                     callbacks=[ISIWatchCallback(px, py)])
+
+
+def test_final_sample_at_the_end_of_training_reaches_the_logs(digits, tmp_path):
+    data, px, py = digits
+    callback = ISIWatchCallback(px, py, every_n_steps=2, log_dir=tmp_path / "isiwatch")
+    trainer = trainer_for(tmp_path, data, 5)
+    add_callback(trainer, callback)
+    trainer.train()
+    lines = (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [2, 4, 5]  # 5: the final sample
+    assert [h["step"] for h in trainer.state.log_history if "isiwatch/probe_cls/last" in h] == [2, 4, 5]
+    assert callback.state()["attributes"]["watch_state"]["last_step"] == 5 and not callback.watch.should_stop

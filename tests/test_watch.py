@@ -333,3 +333,8 @@ def test_close_samples_the_last_step_once_and_warns_without_samples(digits, tmp_
     with caplog.at_level(logging.WARNING, logger="isiwatch"):
         Watch(model, px, py, every_n_steps=2, run_name="empty").close()
     assert "run empty ended without a single sample" in caplog.text
+
+    with pytest.raises(RuntimeError), Watch(model, px, py, every_n_steps=2) as crashed:
+        crashed.step(1)
+        raise RuntimeError("training failed")
+    assert len(crashed.history) == 0  # no final probe pass after an exception
