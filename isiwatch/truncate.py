@@ -437,8 +437,9 @@ def candidates_table(report: dict) -> str:
     rows = [[c["strategy"], c["keep"], ",".join(map(str, c["kept_blocks"])), c["validation_accuracy"]["cut"],
              c["validation_accuracy"]["healed"], c["parameters"], c["flops_per_image"] / 1e6, c["latency_ms"],
              "winner" if c["winner"] else ("ok" if c["qualifies"] else "")] for c in search["candidates"]]
+    points = f"{search['max_drop']:g} point{'' if search['max_drop'] == 1 else 's'}"
     return (f"uncut validation accuracy {search['uncut_validation_accuracy']:.3f}; a cut qualifies within "
-            f"{search['max_drop']:g} points\n{format_table(header, rows)}")
+            f"{points}\n{format_table(header, rows)}")
 
 
 def report_table(report: dict) -> str:
