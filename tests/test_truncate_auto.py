@@ -1,6 +1,7 @@
 """`isiwatch truncate --strategy auto`: the search, a trained model with idle blocks, and bad input."""
 
 import copy
+import json
 
 import pytest
 import timm
@@ -136,3 +137,14 @@ def test_missing_data_fails_before_any_analysis(idle_ckpt, tmp_path, monkeypatch
                                        "--data", str(tmp_path / "missing")])
     assert result.exit_code == 1 and "no such data folder" in result.output
     assert result.output.strip().count("\n") == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_fixed_strategy_without_keep_cuts_to_the_recommended_depth_instead_of_refusing(idle_ckpt, tmp_path):
+    out = tmp_path / "cut.pt"
+    result = CliRunner().invoke(main, ["truncate", str(idle_ckpt), "--out", str(out), "--strategy", "bi",
+                                       "--epochs", "0", "--images", "200", "--report", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    dropped = set(report["recommendation"]["blocks_to_drop"])
+    assert {1, 4, 6} <= dropped and len(report["kept_blocks"]) == 7 - len(dropped)
+    assert report["strategy"] == "bi" and report["search"] is None and "(bi)" in result.output
