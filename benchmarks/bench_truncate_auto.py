@@ -46,7 +46,6 @@ from isiwatch.files import write_json  # noqa: E402
 from isiwatch.training import accuracy, train_classifier  # noqa: E402
 from isiwatch.truncate import (  # noqa: E402
     HEAL_EPOCHS,
-    Split,
     auto_cut,
     choose_blocks,
     cut_vit,
@@ -83,7 +82,6 @@ def run_one(task, seed: int, args, items: Path) -> None:
     done = load_items(items)
     prefix = f"{task.name}/{args.depth}/{seed}"
     model = load_deep(task, args.depth, seed, args.epochs, args.work)
-    split = Split(task.train_x, task.train_y, task.val_x, task.val_y, task.test_x, task.test_y)
     analysis = analyze(model, task.train_x[:PROBE_IMAGES], task.train_y[:PROBE_IMAGES])
     recommendation = recommend_depth(analysis, args.max_drop / 100)
     phases = analysis.phases
@@ -94,7 +92,7 @@ def run_one(task, seed: int, args, items: Path) -> None:
     heal_options = {"epochs": HEAL_EPOCHS, "seed": seed, "train_last": None, "teacher": None, "amp": False}
     if f"{prefix}/auto" not in done:
         start = time.perf_counter()
-        cut, kept, search = auto_cut(model, split, recommendation, phases, distances, args.max_drop, args.budget, seed,
+        cut, kept, search = auto_cut(model, task, recommendation, phases, distances, args.max_drop, args.budget, seed,
                                      heal_options)
         row = add_item(items, {"key": f"{prefix}/auto", "task": task.name, "seed": seed, "strategy": "auto", **uncut,
                                "keep": len(kept), "kept": kept, "test": accuracy(cut, task.test_x, task.test_y),

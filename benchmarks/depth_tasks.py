@@ -11,31 +11,25 @@ choosing among truncation candidates) and ``test`` (for reporting); the sweep re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from isiwatch.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.truncate import Split
 
 TASKS = ("digits", "max_pair")
 PAIRS_TRAIN, PAIRS_HELD_OUT = 8000, 2000
 
 
 @dataclass
-class Task:
-    name: str
-    train_x: Tensor
-    train_y: Tensor
-    val_x: Tensor
-    val_y: Tensor
-    test_x: Tensor
-    test_y: Tensor
-    model_kwargs: dict  # timm ViT kwargs besides depth/width
+class Task(Split):
+    """A truncate :class:`~isiwatch.truncate.Split` with the task's name and the timm ViT kwargs (besides
+    depth and width) its images need."""
 
-    @property
-    def held_out(self) -> tuple[Tensor, Tensor]:
-        return torch.cat([self.val_x, self.test_x]), torch.cat([self.val_y, self.test_y])
+    name: str = ""
+    model_kwargs: dict = field(default_factory=dict)
 
 
 def _pairs(images: Tensor, labels: Tensor, count: int, seed: int) -> tuple[Tensor, Tensor]:
@@ -51,8 +45,9 @@ def load_task(name: str) -> Task:
     half = DIGITS_TRAIN + (len(images) - DIGITS_TRAIN) // 2
     val, test = (images[DIGITS_TRAIN:half], labels[DIGITS_TRAIN:half]), (images[half:], labels[half:])
     if name == "digits":
-        return Task(name, *train, *val, *test, {"img_size": 28, "patch_size": 7})
+        return Task(*train, *val, *test, name=name, model_kwargs={"img_size": 28, "patch_size": 7})
     if name == "max_pair":
-        return Task(name, *_pairs(*train, PAIRS_TRAIN, 1), *_pairs(*val, PAIRS_HELD_OUT // 2, 2),
-                    *_pairs(*test, PAIRS_HELD_OUT // 2, 3), {"img_size": (28, 56), "patch_size": 14})
+        return Task(*_pairs(*train, PAIRS_TRAIN, 1), *_pairs(*val, PAIRS_HELD_OUT // 2, 2),
+                    *_pairs(*test, PAIRS_HELD_OUT // 2, 3), name=name,
+                    model_kwargs={"img_size": (28, 56), "patch_size": 14})
     raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")

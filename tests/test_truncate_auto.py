@@ -20,14 +20,6 @@ ARCH = "vit_tiny_patch16_224"
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, num_heads=2)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def search_with(accuracy_of_keep, depth=12, max_drop=1.0, budget=16, reference=0.9):
     """A CutSearch whose healed accuracy depends only on the number of kept blocks."""
     def heal_and_score(strategy, kept):

@@ -1,0 +1,39 @@
+"""The depth benchmarks run end to end on a tiny setting (so the committed commands do not rot)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from isiwatch.depth import RULES
+
+BENCH = Path(__file__).parent.parent / "benchmarks"
+
+
+def run(script, *args):
+    proc = subprocess.run([sys.executable, str(BENCH / script), *map(str, args)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_sweep_rule_scores_and_auto_truncation_on_two_tiny_depths(tmp_path):
+    work, results = tmp_path / "work", tmp_path / "results"
+    common = ["--tasks", "digits", "--seeds", "0", "--epochs", "1", "--work", work, "--results", results]
+    run("bench_depth.py", "--depths", 1, 2, *common)
+    sweep = json.loads((results / "sweep.json").read_text())
+    digits = sweep["tasks"]["digits"]
+    assert [p["depth"] for p in digits["per_depth"]] == [1, 2] and digits["needed_depth"] in (1, 2)
+    assert len(list((results / "analyses").glob("digits_d0*_s0_*.json"))) == 6 and (results / "depth.png").exists()
+
+    run("score_depth_rules.py", "--results", results, "--min-depth", 2)
+    scores = json.loads((results / "rule_scores.json").read_text())
+    assert set(RULES) | {"recommend_depth"} <= set(scores["table"])
+    assert all(1 <= r["recommended"]["recommend_depth"] <= 2 for r in scores["rows"])
+
+    run("bench_truncate_auto.py", "--depth", 2, "--budget", 2, *common)
+    run("bench_truncate_auto.py", "--depth", 2, "--costs", "--latency-rounds", 2, *common)
+    evaluation = json.loads((results / "truncate_auto.json").read_text())
+    (auto,) = [r for r in evaluation["rows"] if r["strategy"] == "auto"]
+    assert 1 <= auto["keep"] <= 2 and len(auto["candidates"]) <= 2
+    assert {c["blocks"] for c in evaluation["costs"]} >= {2, auto["keep"]}
