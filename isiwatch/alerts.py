@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
+from .state import checked
+
 logger = logging.getLogger("isiwatch")
 
 SEVERITY_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}
@@ -90,5 +92,7 @@ class AlertEngine:
     def state_dict(self) -> dict:
         return {"active": sorted(self.active)}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.active = set(state["active"])
+    def load_state_dict(self, state: dict, where: str = "AlertEngine state") -> None:
+        kinds = (lambda v: isinstance(v, (list, tuple)) and all(isinstance(k, str) and k in ALERT_KINDS for k in v),
+                 f"a list of alert kinds ({', '.join(ALERT_KINDS)})")
+        self.active = set(checked(state, where, active=kinds)["active"])

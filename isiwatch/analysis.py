@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from .files import finite_or_none
-from .metrics import BLOCK_METRICS, block_metrics, isi, token_similarity
+from .metrics import BLOCK_METRICS, CLS_METRICS, block_metrics, isi, token_similarity
 from .phases import Phases, detect_phases
 from .probes import probe_accuracy, split_indices
 from .recon import DEFAULT_RECON_COMPONENTS, isi_recon
@@ -23,6 +23,25 @@ DEFAULT_PHASE_METRIC = "token_similarity"
 #: Phase-detection defaults for metric curves: changes below 0.01 (all metrics are O(1)) are noise.
 DEFAULT_PHASE_OPTIONS = {"min_layers": 3, "min_range": 0.01}
 STEM_POINTS = ("pre_pe", "embed")
+
+
+def untracked_reason(metric: str, has_cls: bool, probes: bool, with_isi_recon: bool) -> str | None:
+    """Why :func:`analyze` reports no ``metric`` curve for a model with or without [CLS], with or without probe
+    labels and ``with_isi_recon``; None when it reports one."""
+    if metric not in METRICS:
+        return f"there is no metric {metric!r} (metrics: {', '.join(METRICS)})"
+    if metric.startswith("probe_") and not probes:
+        return f"{metric} needs probe labels"
+    if metric in CLS_METRICS and not has_cls:
+        return f"{metric} needs a [CLS] token, which this model lacks"
+    if metric == "isi_recon" and not with_isi_recon:
+        return "isi_recon needs with_isi_recon=True"
+    return None
+
+
+def tracked_metrics(has_cls: bool, probes: bool = False, with_isi_recon: bool = False) -> list[str]:
+    """The metrics :func:`analyze` reports (the keys of ``Analysis.layers``), in :data:`METRICS` order."""
+    return [m for m in METRICS if untracked_reason(m, has_cls, probes, with_isi_recon) is None]
 
 
 @dataclass

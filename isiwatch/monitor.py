@@ -8,6 +8,7 @@ step once more if that step was not sampled. Between sampling steps ``step()`` i
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import time
@@ -19,21 +20,54 @@ import torch
 from torch import Tensor, nn
 
 from .alerts import Alert, AlertEngine, Condition, log_sink
-from .analysis import METRICS, analyze
+from .analysis import METRICS, analyze, tracked_metrics, untracked_reason
 from .config import build_options
 from .depth import recommend_depth
 from .exporters import JsonlExporter, PrometheusExporter, TensorBoardExporter
 from .friction import friction_alert
 from .phases import PlateauTracker
-from .sample import Sample
+from .sample import PLATEAU_SERIES, Sample, series_names
+from .state import PRESENT, checked, is_count, is_number, optional
 from .stopping import EarlyStopping, PlateauStopping
-from .taps import unwrap_model, vit_parts
+from .taps import ViTParts, input_problem, unwrap_model, vit_parts
 
 logger = logging.getLogger("isiwatch")
+
+#: The smallest value of each integer option; smaller ones would fail at a sample, mid-training.
+LEAST = {"every_n_steps": 1, "probe_batch_size": 1, "history_size": 0, "heatmap_every": 1, "min_layers": 2,
+         "plateau_patience": 1, "isi_stall_window": 1}
 
 
 def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _stall_entry(entry: object) -> bool:
+    return isinstance(entry, (list, tuple)) and len(entry) == 2 and all(is_number(v) for v in entry)
+
+
+def _check_probe_batch(parts: ViTParts, images: object, labels: object, opts) -> None:
+    """The probe batch fits the model and the options, checked without a forward pass."""
+    if not isinstance(images, Tensor) or images.dim() != 4 or len(images) < 4:
+        shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+        raise ValueError(f"probe_images must be a (B,C,H,W) tensor with B >= 4, got {shape}")
+    problem = input_problem(parts, images.shape)
+    if problem:
+        raise ValueError(f"probe_images do not fit the model: {problem}")
+    n = len(images)
+    if labels is not None:
+        if not isinstance(labels, Tensor) or labels.dim() != 1:
+            shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+            raise ValueError(f"probe_labels must be a 1-D tensor of class indices (B,), got {shape}")
+        if len(labels) != n:
+            raise ValueError(f"probe_labels has {len(labels)} labels for {n} probe images; give one per image")
+    if opts.with_isi_recon:
+        if parts.patch_embed is None:
+            raise ValueError("with_isi_recon needs the patch embeddings, but this model exposes no patch embedding")
+        last = n % opts.probe_batch_size or min(n, opts.probe_batch_size)
+        if last < 4:
+            raise ValueError(f"with_isi_recon needs at least 4 images in every probe chunk, but the smallest has "
+                             f"{last} ({n} probe images in chunks of probe_batch_size={opts.probe_batch_size})")
 
 
 class Watch:
@@ -57,6 +91,10 @@ class Watch:
       prometheus_client ``CollectorRegistry``; a private one by default), ``prometheus_port`` (HTTP on
       ``prometheus_host``, 127.0.0.1 by default), ``pushgateway``, ``textfile``, ``run_name``.
 
+    The options, the probe batch (shape, labels, channels against the model's patch embedding) and the names
+    in ``monitor`` and ``phase_metric`` (against :attr:`series_names`, the series this model's samples hold)
+    are checked here, without a forward pass: a ``ValueError`` now, not at the first sample mid-training.
+
     Under torch.distributed every rank runs the probe pass (required for sharded models) and all ranks
     reach the same stop decision; only rank 0 exports.
     """
@@ -70,27 +108,23 @@ class Watch:
                                       "log_dir": None if log_dir is None else str(log_dir)}.items()
                     if v is not None}
         self.options = opts = build_options(config, **explicit, **options)
-        if opts.every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be at least 1, got {opts.every_n_steps}")
-        if opts.phase_metric not in METRICS:
-            raise ValueError(f"unknown phase_metric {opts.phase_metric!r}; choose one of {', '.join(METRICS)}")
-        if probe_images.dim() != 4 or len(probe_images) < 4:
-            raise ValueError(f"probe_images must be (B,C,H,W) with B >= 4, got {tuple(probe_images.shape)}")
+        for name, least in LEAST.items():
+            if getattr(opts, name) < least:
+                raise ValueError(f"{name} must be at least {least}, got {getattr(opts, name)}")
         self.model = model
         self._probe_model = unwrap_model(model)
         self._parts = vit_parts(self._probe_model)
+        _check_probe_batch(self._parts, probe_images, probe_labels, opts)
         self.probe_images = probe_images
         self.probe_labels = probe_labels
+        metrics = tracked_metrics(self._parts.has_cls, probe_labels is not None, opts.with_isi_recon)
+        #: Every series a sample of this model can hold: what ``monitor`` may name.
+        self.series_names = frozenset(series_names(metrics, self._parts.depth))
+        self._check_series(probe_labels is not None)
         self.run = opts.run_name or f"run-{uuid.uuid4().hex[:8]}"
         self.rank = torch.distributed.get_rank() if _distributed() else 0
         self.history: deque[Sample] = deque(maxlen=opts.history_size)
-        self.tracker = PlateauTracker(opts.plateau_patience)
-        self.stoppers: list[EarlyStopping] = []
-        if opts.monitor:
-            self.stoppers.append(EarlyStopping(opts.monitor, opts.mode, opts.min_delta, opts.patience, opts.warmup,
-                                               opts.check_finite, opts.stopping_threshold,
-                                               opts.divergence_threshold))
-        self.plateau_stopper = PlateauStopping(opts.plateau_patience) if opts.stop_on_plateau else None
+        self.tracker, self.stoppers, self.plateau_stopper = self._new_policies()
         self._stall: deque[tuple[float, float]] = deque(maxlen=opts.isi_stall_window)
         self.should_stop = False
         self.stop_reason: str | None = None
@@ -113,6 +147,36 @@ class Watch:
         if alert_callback is not None:
             sinks.append(alert_callback)
         self.alerts = AlertEngine(self.run, sinks)
+
+    def _check_series(self, probes: bool) -> None:
+        """``phase_metric`` and ``monitor`` name curves this model's samples will have (checked here, not at
+        the first sample, which may be hours into training)."""
+        opts, parts = self.options, self._parts
+        reason = untracked_reason(opts.phase_metric, parts.has_cls, probes, opts.with_isi_recon)
+        if reason:
+            raise ValueError(f"phase_metric {opts.phase_metric!r} cannot be tracked: {reason}")
+        if not opts.monitor or opts.monitor in self.series_names:
+            return
+        metric, _, part = opts.monitor.partition("/")
+        reason = untracked_reason(metric, parts.has_cls, probes, opts.with_isi_recon) if part else None
+        if reason and metric in METRICS:
+            hint = reason
+        else:
+            close = difflib.get_close_matches(opts.monitor, sorted(self.series_names), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            hint += (f"series are <metric>/layer_00…layer_{parts.depth - 1:02d}, <metric>/last and <metric>/mean "
+                     f"for {', '.join(m for m in METRICS if f'{m}/last' in self.series_names)}; "
+                     f"{', '.join(PLATEAU_SERIES)}, recommended_depth and loss")
+        raise ValueError(f"monitor {opts.monitor!r} is not a tracked series: {hint}")
+
+    def _new_policies(self) -> tuple[PlateauTracker, list[EarlyStopping], PlateauStopping | None]:
+        """Fresh onset tracking and early-stopping policies from the options."""
+        opts = self.options
+        stoppers = [EarlyStopping(opts.monitor, opts.mode, opts.min_delta, opts.patience, opts.warmup,
+                                  opts.check_finite, opts.stopping_threshold, opts.divergence_threshold)
+                    ] if opts.monitor else []
+        plateau_stopper = PlateauStopping(opts.plateau_patience) if opts.stop_on_plateau else None
+        return PlateauTracker(opts.plateau_patience), stoppers, plateau_stopper
 
     # -- sampling ---------------------------------------------------------------------------------
     def step(self, global_step: int, loss: float | Tensor | None = None) -> list[Alert]:
@@ -209,9 +273,6 @@ class Watch:
         series = sample.series()
         reasons = []
         for stopper in self.stoppers:
-            if stopper.monitor not in series and sample.step == self.history[0].step:
-                raise ValueError(f"monitor {stopper.monitor!r} is not a tracked series; "
-                                 f"e.g. {', '.join(sorted(series)[:4])}, loss")
             reasons.append(stopper.update(series.get(stopper.monitor)))
         if self.plateau_stopper is not None:
             reasons.append(self.plateau_stopper.update(sample.phases, sample.last_layer_accuracy()))
@@ -242,20 +303,34 @@ class Watch:
                 "isi_stall": [list(p) for p in self._stall]}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("version") != 1:
-            raise ValueError(f"unsupported Watch state version {state.get('version')!r}")
-        if len(state["stoppers"]) != len(self.stoppers):
-            raise ValueError("Watch state has a different early-stopping configuration")
-        self.last_step, self.should_stop = state["last_step"], state["should_stop"]
-        self.stop_reason = state["stop_reason"]
-        self.tracker.load_state_dict(state["tracker"])
-        self.alerts.load_state_dict(state["alerts"])
-        for stopper, s in zip(self.stoppers, state["stoppers"]):
-            stopper.load_state_dict(s)
-        if self.plateau_stopper is not None and state["plateau_stopper"] is not None:
-            self.plateau_stopper.load_state_dict(state["plateau_stopper"])
+        """Restore :meth:`state_dict`'s output, all or nothing: the whole state is validated (and loaded into
+        fresh policies) before anything is assigned, so a bad state raises ``ValueError`` naming the field
+        and leaves the Watch as it was."""
+        version = checked(state, "Watch state", version=PRESENT)["version"]
+        if version != 1:
+            raise ValueError(f"unsupported Watch state version {version!r}")
+        s = checked(state, "Watch state", last_step=(optional(is_count), "null or an int >= 0"),
+                    should_stop=(lambda v: isinstance(v, bool), "a bool"),
+                    stop_reason=(optional(lambda v: isinstance(v, str)), "null or a string"),
+                    tracker=PRESENT, alerts=PRESENT, plateau_stopper=PRESENT,
+                    stoppers=(lambda v: isinstance(v, (list, tuple)) and len(v) == len(self.stoppers),
+                              f"a list of {len(self.stoppers)} early-stopping states (this Watch's monitor)"),
+                    isi_stall=(lambda v: isinstance(v, (list, tuple)) and all(_stall_entry(p) for p in v),
+                               "a list of [mean ISI, loss] pairs"))
+        tracker, stoppers, plateau_stopper = self._new_policies()
+        alerts = AlertEngine(self.run)
+        tracker.load_state_dict(s["tracker"], "Watch state['tracker']")
+        alerts.load_state_dict(s["alerts"], "Watch state['alerts']")
+        for i, (stopper, sub) in enumerate(zip(stoppers, s["stoppers"])):
+            stopper.load_state_dict(sub, f"Watch state['stoppers'][{i}]")
+        if plateau_stopper is not None and s["plateau_stopper"] is not None:
+            plateau_stopper.load_state_dict(s["plateau_stopper"], "Watch state['plateau_stopper']")
+        # everything is valid: assign
+        self.last_step, self.should_stop, self.stop_reason = s["last_step"], s["should_stop"], s["stop_reason"]
+        self.tracker, self.stoppers, self.plateau_stopper = tracker, stoppers, plateau_stopper
+        self.alerts.active = alerts.active
         self._stall.clear()
-        self._stall.extend(tuple(p) for p in state["isi_stall"])
+        self._stall.extend((float(i), float(loss)) for i, loss in s["isi_stall"])
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self, *, final_sample: bool = True) -> None:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .state import COUNT, SPAN, checked, is_count, optional
+
 Span = tuple[int, int]
 
 
@@ -164,6 +166,8 @@ class PlateauTracker:
         return {"anchor": list(self.anchor) if self.anchor else None, "run_length": self.run_length,
                 "absent": self.absent, "onset_step": self.onset_step}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.anchor = tuple(state["anchor"]) if state["anchor"] else None
-        self.run_length, self.absent, self.onset_step = state["run_length"], state["absent"], state["onset_step"]
+    def load_state_dict(self, state: dict, where: str = "PlateauTracker state") -> None:
+        s = checked(state, where, anchor=SPAN, run_length=COUNT, absent=COUNT,
+                    onset_step=(optional(is_count), "null or an int >= 0"))
+        self.anchor = tuple(s["anchor"]) if s["anchor"] else None
+        self.run_length, self.absent, self.onset_step = s["run_length"], s["absent"], s["onset_step"]

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .depth import DepthRecommendation
 from .files import finite_or_none
 from .phases import Phases
+
+#: The plateau series every sample holds.
+PLATEAU_SERIES = ("plateau/detected", "plateau/start", "plateau/end", "plateau/length")
+
+
+def series_names(metrics: Iterable[str], depth: int) -> set[str]:
+    """Every name :meth:`Sample.series` can hold for samples with per-layer ``metrics`` over ``depth`` blocks
+    (``loss`` included: it is there whenever the caller passes a loss)."""
+    per_metric = ("last", "mean", *(f"layer_{i:02d}" for i in range(depth)))
+    return {f"{m}/{s}" for m in metrics for s in per_metric} | {*PLATEAU_SERIES, "recommended_depth", "loss"}
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from .phases import Phases, Span, spans_near
+from .state import COUNT, NUMBER, checked, is_number, is_span, optional
 
 
 class EarlyStopping:
@@ -58,8 +59,9 @@ class EarlyStopping:
     def state_dict(self) -> dict:
         return {"best": self.best, "wait": self.wait, "seen": self.seen}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.best, self.wait, self.seen = state["best"], state["wait"], state["seen"]
+    def load_state_dict(self, state: dict, where: str = "EarlyStopping state") -> None:
+        s = checked(state, where, best=NUMBER, wait=COUNT, seen=COUNT)
+        self.best, self.wait, self.seen = float(s["best"]), s["wait"], s["seen"]
 
 
 class PlateauStopping:
@@ -90,7 +92,10 @@ class PlateauStopping:
         anchor = None if self.anchor is None else [list(self.anchor[0]), self.anchor[1]]
         return {"anchor": anchor, "stable": self.stable}
 
-    def load_state_dict(self, state: dict) -> None:
-        a = state["anchor"]
-        self.anchor = None if a is None else (tuple(a[0]), a[1])
-        self.stable = state["stable"]
+    def load_state_dict(self, state: dict, where: str = "PlateauStopping state") -> None:
+        anchor = (optional(lambda a: isinstance(a, (list, tuple)) and len(a) == 2 and is_span(a[0])
+                           and is_number(a[1])), "null or [[start, end], accuracy]")
+        s = checked(state, where, anchor=anchor, stable=COUNT)
+        a = s["anchor"]
+        self.anchor = None if a is None else (tuple(a[0]), float(a[1]))
+        self.stable = s["stable"]

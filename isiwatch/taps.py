@@ -143,6 +143,32 @@ def vit_parts(model: nn.Module) -> ViTParts:
     return ViTParts(family, blocks, patch_embed, prefix, has_cls)
 
 
+def input_problem(parts: ViTParts, shape: Sequence[int]) -> str | None:
+    """Why images of ``shape`` (B,C,H,W) cannot go through the model's patch embedding, read from its modules
+    without a forward pass: the channel count (transformers' ``num_channels``, else the first Conv2d's input
+    channels) and, for timm's ``PatchEmbed``, the image size it asserts. None when nothing is wrong or
+    nothing can be told (no patch embedding, a linear one)."""
+    embed = parts.patch_embed
+    if embed is None:
+        return None
+    _, c, h, w = shape
+    channels = getattr(embed, "num_channels", None)
+    if not isinstance(channels, int):
+        conv = next((m for m in embed.modules() if isinstance(m, nn.Conv2d)), None)
+        channels = None if conv is None else conv.in_channels
+    if channels is not None and c != channels:
+        return f"{c}-channel images, but the model's patch embedding takes {channels} channels"
+    from timm.layers import PatchEmbed
+
+    if isinstance(embed, PatchEmbed) and embed.img_size is not None:
+        (size_h, size_w), (patch_h, patch_w) = embed.img_size, embed.patch_size
+        if embed.strict_img_size and (h, w) != (size_h, size_w):
+            return f"{h}×{w} images, but the model takes {size_h}×{size_w}"
+        if not embed.strict_img_size and not embed.dynamic_img_pad and (h % patch_h or w % patch_w):
+            return f"{h}×{w} images, but the model's patch size {patch_h}×{patch_w} must divide them"
+    return None
+
+
 def custom_parts(
     blocks: Sequence[nn.Module],
     *,

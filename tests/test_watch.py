@@ -235,7 +235,88 @@ def test_early_stopping_on_any_series_and_thresholds(digits):
     watch.step(3, float("inf"))
     assert watch.should_stop and "not finite" in watch.stop_reason
     with pytest.raises(ValueError, match="not a tracked series"):
-        Watch(model, px, py, every_n_steps=1, monitor="accuracy").step(1)
+        Watch(model, px, py, every_n_steps=1, monitor="accuracy")  # at construction, not at the first sample
+
+
+@pytest.mark.parametrize("images, labels, options, message", [
+    (None, slice(5), {}, "probe_labels has 5 labels for 64 probe images"),
+    (None, "2d", {}, r"probe_labels must be a 1-D tensor of class indices \(B,\), got \(64, 1\)"),
+    ("rgb", None, {}, "3-channel images, but the model's patch embedding takes 1 channels"),
+    ("32px", None, {}, "32×32 images, but the model takes 28×28"),
+    (None, None, {"probe_batch_size": 0}, "probe_batch_size must be at least 1, got 0"),
+    (None, None, {"min_layers": 1}, "min_layers must be at least 2, got 1"),
+    (None, None, {"isi_stall_window": 0}, "isi_stall_window must be at least 1, got 0"),
+    (None, None, {"heatmap_every": 0}, "heatmap_every must be at least 1, got 0"),
+    (None, None, {"with_isi_recon": True, "probe_batch_size": 62}, "at least 4 images in every probe chunk"),
+    (None, None, {"monitor": "probe_cls/lst"},
+     r"monitor 'probe_cls/lst' is not a tracked series: did you mean 'probe_cls/last'\? series are "
+     r"<metric>/layer_00…layer_03, <metric>/last and <metric>/mean for attn_token_change, .*probe_cls"),
+    (None, None, {"monitor": "isi/layer_04"}, "monitor 'isi/layer_04' is not a tracked series"),
+    (None, "none", {"monitor": "probe_cls/last"}, "probe_cls needs probe labels"),
+    (None, "none", {"phase_metric": "probe_patch_mean"}, "phase_metric 'probe_patch_mean' cannot be tracked"),
+    (None, None, {"phase_metric": "isi_recon"}, "isi_recon needs with_isi_recon=True"),
+])
+def test_probe_batch_and_options_are_checked_at_construction(digits, images, labels, options, message):
+    _, _, px, py = digits
+    images = {None: px, "rgb": px.expand(-1, 3, -1, -1), "32px": F.pad(px, (2, 2, 2, 2))}[images]
+    labels = {None: py, "none": None, "2d": py[:, None]}.get(labels) if not isinstance(labels, slice) else py[labels]
+    model = tiny_vit()
+    with pytest.raises(ValueError, match=message):
+        Watch(model, images, labels, every_n_steps=1, **options)
+
+
+@pytest.mark.parametrize("labels, cls, recon", [(True, True, False), (False, True, True), (True, False, False)])
+def test_series_names_are_the_series_samples_hold(digits, labels, cls, recon):
+    _, _, px, py = digits
+    model = tiny_vit() if cls else tiny_vit(class_token=False, global_pool="avg")
+    forwards = []
+    model.register_forward_hook(lambda *_: forwards.append(1))
+    watch = Watch(model, px, py if labels else None, every_n_steps=1, with_isi_recon=recon)
+    assert not forwards  # the names come from the model's structure, not from a forward pass
+    watch.step(1, 0.5)
+    assert set(watch.history[-1].series()) == watch.series_names
+    assert ("probe_cls/last" in watch.series_names) == (labels and cls)
+    assert ("isi_recon/layer_03" in watch.series_names) == recon
+
+
+@pytest.fixture(scope="module")
+def stopped_state(digits):
+    """The state of a Watch that stopped at step 5, with every part non-trivial."""
+    _, _, px, py = digits
+    watch = Watch(mixing_vit(), px, py, every_n_steps=1, monitor="loss", patience=2, stop_on_plateau=True,
+                  isi_stall_window=3)
+    for step, loss in enumerate([2.0, 1.9, 1.9, 1.9, 1.9], 1):
+        watch.step(step, loss)
+    state = watch.state_dict()
+    assert state["should_stop"] and state["last_step"] == 5 and state["isi_stall"]
+    return state
+
+
+@pytest.mark.parametrize("path, value, message", [
+    (("tracker", "run_length"), "x", r"Watch state\['tracker'\]: 'run_length' must be an int >= 0, got 'x'"),
+    (("tracker",), {"anchor": None}, r"Watch state\['tracker'\]: 'run_length' is missing"),
+    (("alerts", "active"), "plateau_onset", r"Watch state\['alerts'\]: 'active' must be a list of alert kinds"),
+    (("stoppers", 0, "best"), None, r"Watch state\['stoppers'\]\[0\]: 'best' must be a number, got None"),
+    (("plateau_stopper", "anchor"), [[3], 0.5], r"Watch state\['plateau_stopper'\]: 'anchor' must be null or"),
+    (("isi_stall",), [[0.5]], r"Watch state: 'isi_stall' must be a list of \[mean ISI, loss\] pairs"),
+    (("stoppers",), [], r"Watch state: 'stoppers' must be a list of 1 early-stopping states"),
+])
+def test_load_state_dict_is_all_or_nothing(digits, stopped_state, path, value, message):
+    _, _, px, py = digits
+    watch = Watch(mixing_vit(), px, py, every_n_steps=1, monitor="loss", patience=2, stop_on_plateau=True,
+                  isi_stall_window=3)
+    watch.step(1, 3.0)
+    before = watch.state_dict()
+    bad = json.loads(json.dumps(stopped_state))
+    parent = bad
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    with pytest.raises(ValueError, match="^invalid " + message):
+        watch.load_state_dict(bad)
+    assert watch.state_dict() == before and not watch.should_stop and watch.last_step == 1
+    watch.load_state_dict(json.loads(json.dumps(stopped_state)))  # a state through JSON (lists) loads whole
+    assert watch.state_dict() == stopped_state
 
 
 def test_isi_stall_needs_falling_loss(digits):
