@@ -146,7 +146,13 @@ def _read_safetensors(path: Path) -> dict:
         raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
     raw: dict = {"state_dict": state}
     if "isiwatch" in meta:
-        raw.update(json.loads(meta["isiwatch"]))
+        try:
+            recorded = json.loads(meta["isiwatch"])
+        except json.JSONDecodeError:
+            recorded = None
+        if not isinstance(recorded, dict):
+            raise CheckpointError(f"{path}: its 'isiwatch' metadata is not a JSON object")
+        raw.update(recorded)
     return raw
 
 
@@ -163,10 +169,43 @@ def _state_dict_of(raw: dict, prefer_ema: bool) -> dict[str, Tensor]:
 def _strip_prefix(state: dict[str, Tensor]) -> dict[str, Tensor] | None:
     """Remove wrapper prefixes (``module.``, ``_orig_mod.``, Lightning's ``model.``) around timm keys."""
     for key in state:
-        if key.endswith(_QKV):
+        if isinstance(key, str) and key.endswith(_QKV):
             prefix = key[: -len(_QKV)]
-            return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            return {k[len(prefix):]: v for k, v in state.items() if isinstance(k, str) and k.startswith(prefix)}
     return None
+
+
+#: Dimensions of the tensors whose shapes :func:`infer_vit_kwargs` reads.
+_NDIM = {"patch_embed.proj.weight": 4, "blocks.0.mlp.fc1.weight": 2, "head.weight": 2, "pos_embed": 3,
+         "cls_token": 3, "reg_token": 3, "dist_token": 3}
+
+
+def _check_tensors(path: Path, state: dict) -> None:
+    """Refuse entries that are no tensors and tensors of the wrong rank before any shape is read."""
+    for key, value in state.items():
+        if not isinstance(value, Tensor):
+            raise CheckpointError(f"{path}: state dict entry {key!r} is not a tensor ({type(value).__name__})")
+    for key, ndim in _NDIM.items():
+        if key in state and state[key].dim() != ndim:
+            raise CheckpointError(f"{path}: {key!r} has shape {tuple(state[key].shape)}; a ViT's has {ndim} "
+                                  "dimensions")
+
+
+def _recorded_kwargs(path: Path, raw: dict) -> dict:
+    """The model keyword arguments the checkpoint records: its own ``model_kwargs`` over timm ``train.py``'s
+    ``args.model_kwargs``."""
+    args = raw.get("args")
+    from_args = getattr(args, "model_kwargs", None) if isinstance(args, argparse.Namespace) else (
+        args.get("model_kwargs") if isinstance(args, dict) else None)
+    recorded = {}
+    for name, value in (("args.model_kwargs", from_args), ("model_kwargs", raw.get("model_kwargs"))):
+        if value is not None and not isinstance(value, dict):
+            raise CheckpointError(f"{path}: {name} is not a mapping ({type(value).__name__})")
+        recorded.update(value or {})
+    heads = recorded.get("num_heads")
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+        raise CheckpointError(f"{path}: the recorded num_heads {heads!r} is not a positive integer")
+    return recorded
 
 
 def _is_square(n: int) -> int | None:
@@ -273,16 +312,14 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
     state = _strip_prefix(_state_dict_of(raw, prefer_ema))
     if state is None or "patch_embed.proj.weight" not in state:
         raise CheckpointError(f"{path}: not a ViT checkpoint (no {_QKV!r} or patch_embed weights found)")
-    recorded = dict(raw.get("model_kwargs") or {})
-    args = raw.get("args")
-    if isinstance(args, argparse.Namespace):
-        recorded = {**dict(getattr(args, "model_kwargs", None) or {}), **recorded}
-    elif isinstance(args, dict):
-        recorded = {**dict(args.get("model_kwargs") or {}), **recorded}
+    _check_tensors(path, state)
+    recorded = _recorded_kwargs(path, raw)
     try:
         inferred = infer_vit_kwargs(state)
     except KeyError as exc:
         raise CheckpointError(f"{path}: unsupported ViT layout (missing {exc.args[0]!r})") from None
+    except (IndexError, ValueError, ZeroDivisionError) as exc:
+        raise CheckpointError(f"{path}: unsupported ViT layout ({exc})") from None
     dim = inferred["embed_dim"]
     if num_heads is not None:
         if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1 or dim % num_heads:
@@ -326,23 +363,29 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
         if dim % heads:
             raise CheckpointError(f"{path}: num_heads {heads} does not divide the embed_dim {dim} of its tensors")
         kwargs["num_heads"] = heads
-    meta = dict(raw.get("isiwatch") or {})
+    meta = raw.get("isiwatch") or {}
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: its 'isiwatch' record is not a mapping ({type(meta).__name__})")
     return Checkpoint(path, chosen_arch, kwargs, state, sha256_of(path), meta)
 
 
 def save_checkpoint(path: str | Path, arch: str, model_kwargs: dict, state_dict: dict[str, Tensor],
                     metadata: dict | None = None, fmt: str = "pt") -> Path:
-    """Write an isiwatch checkpoint atomically as a torch pickle of plain types or as safetensors."""
+    """Write an isiwatch checkpoint atomically as a torch pickle of plain types or as safetensors.
+
+    Both formats go through :func:`~isiwatch.files.atomic_write`'s file, so a full disk is reported as
+    ``PATH: cannot write (No space left on device)`` (a :class:`~isiwatch.files.WriteError`) and leaves no file.
+    """
+    if fmt not in ("pt", "safetensors"):
+        raise ValueError(f"unknown checkpoint format {fmt!r} (use 'pt' or 'safetensors')")
     path = Path(path)
     state = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
     payload = {"arch": arch, "model_kwargs": model_kwargs, "isiwatch": metadata or {}}
-    with atomic_write(path) as tmp:
+    with atomic_write(path) as fh:
         if fmt == "safetensors":
-            from safetensors.torch import save_file
+            from safetensors.torch import save
 
-            save_file(state, str(tmp), metadata={"isiwatch": json.dumps(payload)})
-        elif fmt == "pt":
-            torch.save({**payload, "state_dict": state}, tmp)
+            fh.write(save(state, metadata={"isiwatch": json.dumps(payload)}))
         else:
-            raise ValueError(f"unknown checkpoint format {fmt!r} (use 'pt' or 'safetensors')")
+            torch.save({**payload, "state_dict": state}, fh)
     return path

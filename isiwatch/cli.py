@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -21,12 +23,33 @@ def _device(name: str) -> str:
     return name
 
 
+@contextlib.contextmanager
+def _usage_errors() -> Iterator[None]:
+    """Click prints a usage error as three lines (usage, hint, error) with exit status 2; make it one line with
+    status 1 like every other error. A command group run without a command prints its help (exit 0)."""
+    try:
+        yield
+    except click.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:  # click >= 8.2
+            click.echo(exc.ctx.get_help())
+            raise click.exceptions.Exit(0) from None
+        path = exc.ctx.command_path if exc.ctx is not None else "isiwatch"
+        message = "; ".join(line.strip() for line in exc.format_message().splitlines() if line.strip()).rstrip(".")
+        raise click.ClickException(f"{message} (see {path} --help)") from None
+
+
 class _Cli(click.Group):
-    """Turns every error into one line and a non-zero exit (set ISIWATCH_DEBUG=1 for tracebacks)."""
+    """Every error is one line ``Error: ...`` and exit status 1, usage errors included (set ISIWATCH_DEBUG=1 for
+    tracebacks); ``--help`` prints help and exits 0."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        with _usage_errors():  # the group's own options: `isiwatch --bogus`
+            return super().make_context(info_name, args, parent=parent, **extra)
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with _usage_errors():  # commands, their options and arguments, and UsageErrors raised inside them
+                return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:
@@ -43,21 +66,44 @@ class _Cli(click.Group):
             raise click.ClickException(message) from None
 
 
+def _section_value(command: click.Command, param: click.Parameter, value, where: str):
+    """Convert ``value`` as click would on the command line, so ``config check`` refuses what the command would."""
+    from .config import clip
+
+    if isinstance(value, (list, dict)) and not (param.multiple or param.nargs != 1):
+        raise click.ClickException(f"{where} must be a single value, got {type(value).__name__}")
+    try:
+        return param.type_cast_value(click.Context(command, info_name=command.name), value)
+    except click.BadParameter as exc:
+        raise click.ClickException(f"{where}: {clip(exc.message)}") from None
+    except (TypeError, ValueError) as exc:
+        raise click.ClickException(f"{where}: invalid value ({clip(str(exc))})") from None
+
+
 def _section_defaults(ctx: click.Context, config) -> dict:
-    """Validate each command section against the command's options; return click's ``default_map``."""
+    """Validate each command section against the command's options and their types; return click's ``default_map``.
+
+    ``null`` leaves the command's default in place.
+    """
+    from .config import quote
+
     defaults = {}
     for command_name, values in config.sections.items():
         command = ctx.command.commands[command_name]
-        names = {p.name for p in command.params if isinstance(p, click.Option)}
-        for key, (_, line) in values.items():
-            if key not in names:
-                raise click.ClickException(f"{config.path}:{line}: unknown option {key!r} for "
+        params = {p.name: p for p in command.params if isinstance(p, click.Option)}
+        for key, (value, line) in values.items():
+            if key not in params:
+                raise click.ClickException(f"{config.path}:{line}: unknown option {quote(key)} for "
                                            f"'isiwatch {command_name}'")
-        defaults[command_name] = {k: v for k, (v, _) in values.items()}
+            if value is not None:
+                _section_value(command, params[key], value,
+                               f"{config.path}:{line}: option {key!r} for 'isiwatch {command_name}'")
+        defaults[command_name] = {k: v for k, (v, _) in values.items() if v is not None}
     return defaults
 
 
 def _load_config(ctx: click.Context, _param, value):
+    """Runs before the group's error handling, so every problem must leave as a one-line ClickException."""
     if value is None:
         return None
     from .config import ConfigError, load_yaml
@@ -70,7 +116,7 @@ def _load_config(ctx: click.Context, _param, value):
     return config
 
 
-@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("isiwatch", cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="isiwatch")
 @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), callback=_load_config,
               is_eager=True, expose_value=False,
@@ -89,7 +135,8 @@ def config() -> None:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.pass_context
 def config_check(ctx: click.Context, file: Path) -> None:
-    """Validate FILE: unknown keys and wrong types are reported with their line."""
+    """Validate FILE as the Watch and each command would: unknown keys, wrong types, out-of-range values and
+    duplicate keys are reported with their line."""
     from .config import load_yaml
 
     loaded = load_yaml(file)
@@ -141,7 +188,7 @@ def analyze(checkpoint, arch, num_heads, data, images, out, metric, isi_recon, b
 @click.option("--quick", is_flag=True, help="A smaller, shorter run (under a minute on 2 CPU cores).")
 @click.option("--config", "watch_config", type=click.Path(dir_okay=False, path_type=Path),
               help="isiwatch.yaml whose Watch options override the demo's defaults.")
-@click.option("--prometheus-port", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--prometheus-port", type=click.IntRange(0, 65535), default=0, show_default=True,
               help="Port for the Prometheus endpoint on 127.0.0.1 while training (0: any free port).")
 @DEVICE
 def demo(out, quick, watch_config, prometheus_port, device) -> None:
@@ -160,7 +207,7 @@ def report(run_dir, out) -> None:
     """Plots and a self-contained HTML page of a monitored run (a Watch log_dir)."""
     from .report import write_report
 
-    for path in write_report(run_dir, out):
+    for path in write_report(run_dir, out, warn=lambda line: click.echo(f"warning: {line}", err=True)):
         click.echo(f"wrote {path}")
 
 

@@ -2,18 +2,23 @@
 
 ``isiwatch.yaml`` maps one-to-one onto :class:`WatchOptions` at the top level; optional sections named
 after CLI commands (``analyze:``, ``demo:``, ``truncate:``, ``specialize:``) hold that command's options.
-Unknown keys and values of the wrong type are errors that name the key and its line.
+Unknown keys, values of the wrong type or out of range, duplicate keys, aliases and non-standard tags are errors
+that name the key and its line.
 """
 
 from __future__ import annotations
 
+import math
+import reprlib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import yaml
 
+from .analysis import METRICS
 from .friction import FRICTION_THRESHOLD
 
 
@@ -53,6 +58,11 @@ class WatchOptions:
     divergence_threshold: float | None = None
     stop_on_plateau: bool = False
 
+    def __post_init__(self) -> None:
+        """Direct construction gets the same type and range checks as YAML and ``Watch(**options)``."""
+        for f in fields(self):
+            setattr(self, f.name, _check(f.name, getattr(self, f.name)))
+
 
 #: Top-level YAML keys that hold a CLI command's options instead of a Watch option.
 COMMAND_SECTIONS = ("analyze", "demo", "truncate", "specialize")
@@ -61,14 +71,59 @@ _HINTS = typing.get_type_hints(WatchOptions)
 _NAMES = {f.name for f in fields(WatchOptions)}
 
 
+#: At most this many characters of a user's value are quoted in an error message.
+QUOTE_LIMIT = 200
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, QUOTE_LIMIT, QUOTE_LIMIT
+
+
+def clip(text: str) -> str:
+    """``text`` cut to :data:`QUOTE_LIMIT` characters: a huge value must not turn one error line into megabytes."""
+    return text if len(text) <= QUOTE_LIMIT else text[:QUOTE_LIMIT] + "..."
+
+
+def quote(value) -> str:
+    """``repr`` of user content, bounded (reprlib never builds the full text of a huge nested value)."""
+    return clip(_REPR.repr(value))
+
+
+def _at_least(low: int) -> Callable[[object], str | None]:
+    return lambda v: None if v is None or v >= low else f"must be at least {low}, got {v}"
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[object], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}; got {quote(v)}"
+
+
+def _finite(v) -> str | None:
+    return None if v is None or math.isfinite(v) else f"must be a finite number, got {v}"
+
+
+def _port(v) -> str | None:
+    return None if v is None or 0 <= v <= 65535 else f"must be a port 0-65535, got {v}"
+
+
+#: Range and choice rules, shared by the Watch (through :func:`build_options`) and ``isiwatch config check``.
+_RULES: dict[str, Callable[[object], str | None]] = {
+    "every_n_steps": _at_least(1), "prometheus_port": _port, "phase_metric": _one_of(METRICS),
+    "min_layers": _at_least(2), "plateau_patience": _at_least(1), "probe_batch_size": _at_least(1),
+    "history_size": _at_least(1), "heatmap_every": _at_least(1), "isi_stall_window": _at_least(2),
+    "isi_stall_min_rise": _finite, "isi_stall_min_loss_drop": _finite, "norm_friction_threshold": _finite,
+    "mode": _one_of(("min", "max")), "min_delta": _finite, "patience": _at_least(1), "warmup": _at_least(0),
+    "stopping_threshold": _finite, "divergence_threshold": _finite,
+}
+
+
 def _allowed(hint) -> tuple[type, ...]:
     args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     return tuple(type(None) if a is type(None) else a for a in args)
 
 
 def _check(key: str, value, where: str = "") -> object:
+    """The value of Watch option ``key``, after its type and range checks; ``where`` prefixes errors."""
     if key not in _NAMES:
-        raise ConfigError(f"{where}unknown option {key!r}")
+        raise ConfigError(f"{where}unknown option {quote(key)}")
     allowed = _allowed(_HINTS[key])
     if isinstance(value, bool) and bool not in allowed:
         ok = False
@@ -78,7 +133,10 @@ def _check(key: str, value, where: str = "") -> object:
         ok = isinstance(value, allowed)
     if not ok:
         names = " or ".join("null" if a is type(None) else a.__name__ for a in allowed)
-        raise ConfigError(f"{where}option {key!r} must be {names}, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{where}option {key!r} must be {names}, got {type(value).__name__} {quote(value)}")
+    problem = _RULES[key](value) if key in _RULES else None
+    if problem:
+        raise ConfigError(f"{where}option {key!r} {problem}")
     return value
 
 
@@ -102,10 +160,86 @@ class ConfigFile:
     sections: dict[str, dict[str, tuple[object, int]]]
 
 
+class _Refused(yaml.MarkedYAMLError):
+    """Valid YAML that a config file may not use."""
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases and duplicate keys.
+
+    A few hundred bytes of nested aliases expand to gigabytes once printed or converted, and a config file
+    has no need for them; a duplicate key would silently take the last value.
+    """
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _Refused(problem=f"YAML aliases (*{event.anchor[:40]}) are not supported; write the value out",
+                           problem_mark=event.start_mark)
+        return super().compose_node(parent, index)
+
+    def compose_mapping_node(self, anchor):
+        node = super().compose_mapping_node(anchor)
+        first: dict[tuple[str, str], int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = (key_node.tag, key_node.value)
+            if key in first:
+                raise _Refused(problem=f"duplicate key {quote(key_node.value)} (first given on line {first[key]})",
+                               problem_mark=key_node.start_mark)
+            first[key] = key_node.start_mark.line + 1
+        return node
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> ConfigError:
+    mark = getattr(exc, "problem_mark", None)
+    line = f":{mark.line + 1}" if mark else ""
+    problem = clip(str(getattr(exc, "problem", None) or exc))
+    return ConfigError(f"{path}{line}: {problem}" if isinstance(exc, _Refused) else
+                       f"{path}{line}: invalid YAML ({problem})")
+
+
+def _compose(text: str, path: Path):
+    """The document's node tree; every YAML problem becomes a one-line :class:`ConfigError`."""
+    loader = _Loader(text)
+    try:
+        return loader, loader.get_single_node()
+    except yaml.YAMLError as exc:
+        raise _yaml_error(path, exc) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML (nested too deeply)") from None
+
+
+def _construct(loader: _Loader, node, path: Path) -> object:
+    """One value; a tag the safe loader refuses (``!!python/object``, ``!!int abc``) is a config error."""
+    try:
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise _yaml_error(path, exc) from None
+    except Exception as exc:  # standard tags on bad text (!!int abc, !!timestamp x) raise ValueError and friends
+        raise ConfigError(f"{path}:{node.start_mark.line + 1}: invalid YAML value ({clip(str(exc))})") from None
+
+
 def _mapping(node, path: Path, what: str) -> list:
     if not isinstance(node, yaml.MappingNode):
         raise ConfigError(f"{path}:{node.start_mark.line + 1}: {what} must be a mapping of option: value")
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise ConfigError(f"{path}:{key_node.start_mark.line + 1}: {what} has a key that is not a name")
     return node.value
+
+
+def _section(loader: _Loader, node, path: Path, name: str) -> dict[str, tuple[object, int]]:
+    """``{option: (value, line)}`` of one command section; ``batch-size`` and ``batch_size`` are one key."""
+    result: dict[str, tuple[object, int]] = {}
+    for key_node, value_node in _mapping(node, path, f"section {name!r}"):
+        key, line = key_node.value.replace("-", "_"), key_node.start_mark.line + 1
+        if key in result:
+            raise ConfigError(f"{path}:{line}: duplicate key {quote(key)} in section {name!r} "
+                              f"(first given on line {result[key][1]})")
+        result[key] = (_construct(loader, value_node, path), line)
+    return result
 
 
 def load_yaml(path: str | Path) -> ConfigFile:
@@ -115,26 +249,15 @@ def load_yaml(path: str | Path) -> ConfigFile:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config ({getattr(exc, 'strerror', None) or exc})") from None
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{line}: invalid YAML ({getattr(exc, 'problem', None) or exc})") from None
+    loader, root = _compose(text, path)
     result = ConfigFile(path, {}, {})
     if root is None:
         return result
-    seen: set[str] = set()
     for key_node, value_node in _mapping(root, path, "the config"):
-        where = f"{path}:{key_node.start_mark.line + 1}: "
         key = key_node.value
-        if key in seen:
-            raise ConfigError(f"{where}option {key!r} given twice")
-        seen.add(key)
         if key in COMMAND_SECTIONS:
-            result.sections[key] = {
-                k.value.replace("-", "_"): (yaml.safe_load(yaml.serialize(v)), k.start_mark.line + 1)
-                for k, v in _mapping(value_node, path, f"section {key!r}")}
+            result.sections[key] = _section(loader, value_node, path, key)
         else:
-            result.watch[key] = _check(key, yaml.safe_load(yaml.serialize(value_node)), where)
+            where = f"{path}:{key_node.start_mark.line + 1}: "
+            result.watch[key] = _check(key, _construct(loader, value_node, path), where)
     return result

@@ -21,10 +21,8 @@ from .checkpoint import save_checkpoint, sha256_of
 from .config import load_yaml
 from .cut_search import DEFAULT_MAX_DROP
 from .data import DIGITS_TRAIN, embedded_digits
-from .files import write_json
 from .monitor import Watch
-from .offline import analysis_record
-from .plots import plot_curves
+from .offline import analysis_record, write_analysis
 from .report import write_report
 from .tables import analysis_table, phases_line, recommendation_text
 from .training import DIGITS_VIT_ARCH, accuracy, make_digits_vit, train_classifier
@@ -102,8 +100,7 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
     result.model.update({"arch": DIGITS_VIT_ARCH, "model_kwargs": kwargs, "checkpoint": str(ckpt),
                          "sha256": sha256_of(ckpt), "held_out_accuracy": acc})
     record = analysis_record(result)
-    analysis_path = write_json(out / "analysis.json", record)
-    plot_curves(result, out / "curves.png")
+    analysis_path = write_analysis(result, out)[0]
     echo(analysis_table(result))
     echo(phases_line(result))
     echo(f"recommended depth: {recommendation_text(record['recommendation'])}")

@@ -1,32 +1,186 @@
-"""Atomic output: write to a temporary file beside the target, then rename over it."""
+"""Atomic output: write to a temporary file (or folder) beside the target, then rename it into place.
+
+Temporary names are ``.TARGET.isiwatch-HOST-PID-RANDOM.tmp``: hidden, marked as isiwatch's and as temporary, and
+never ending in the target's suffix, so ``*.pt`` or ``*.json`` never matches one. A process killed mid-write
+(kill -9, power loss) leaves its temporary behind; the next write of the same target removes those whose
+process is gone (same host, PID no longer running), never one that another live writer still uses.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
+import io
 import json
 import math
 import os
+import shutil
+import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+
+
+class WriteError(OSError):
+    """An output could not be written; ``str()`` is ``FILE: cannot write (REASON)`` and ``errno`` is kept."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: cannot write ({self.strerror})"
+
+
+def _write_error(exc: OSError, path: Path) -> WriteError:
+    if isinstance(exc, WriteError):
+        return exc
+    return WriteError(exc.errno or errno.EIO, exc.strerror or str(exc) or type(exc).__name__, str(path))
+
+
+def _temp_prefix(name: str) -> str:
+    return f".{name}.isiwatch-{_HOST}-{os.getpid()}-"
+
+
+def _alive(pid: int) -> bool:
+    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows: treat every writer as live
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it runs, under another user
+        return True
+    return True
+
+
+def remove_stale(folder: Path, name: str) -> None:
+    """Remove the temporaries of target ``name`` in ``folder`` left by killed isiwatch processes on this host."""
+    prefix = f".{name}.isiwatch-{_HOST}-"
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+                continue
+            pid = entry.name[len(prefix):].split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+
+
+class _Output(io.RawIOBase):
+    """A file whose writes are plain ``os.write`` calls; keeps the first OSError, because torch.save turns it
+    into ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos`` that names neither file nor cause."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self.fd = fd
+        self.error: OSError | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self.fd)
+        super().close()
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        size = view.nbytes
+        try:
+            while view.nbytes:
+                view = view[os.write(self.fd, view):]
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+        return size
+
+
+def _open_temp(path: Path) -> tuple[str, _Output]:
+    """A new temporary file beside ``path``, with the permissions a plain ``open`` would give it."""
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path.name), suffix=".tmp", dir=path.parent)
+    raw = _Output(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.fchmod(fd, 0o666 & ~umask)
+    except OSError:
+        raw.close()
+        os.unlink(tmp)
+        raise
+    return tmp, raw
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path in the target's folder; it replaces ``path`` only if the block succeeds."""
+def atomic_write(path: str | Path) -> Iterator[io.BufferedWriter]:
+    """Yield a binary file that replaces ``path`` only when the block succeeds; nothing is left otherwise.
+
+    Any OSError on the way (a full disk, no permission), even one a writer such as torch.save wraps in its own
+    exception, is raised as :class:`WriteError` naming ``path``; the temporary file is removed.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
+    tmp: str | None = None
     try:
-        yield Path(tmp)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(path.parent, path.name)
+        tmp, raw = _open_temp(path)
+        fh = io.BufferedWriter(raw, buffer_size=1 << 20)
+        try:
+            yield fh
+            fh.close()
+        except Exception as exc:
+            if raw.error is not None and not isinstance(exc, OSError):
+                raise raw.error from exc
+            raise
+        finally:
+            if not fh.closed:  # the block failed: the temporary goes anyway, its last bytes need not
+                with contextlib.suppress(Exception):
+                    fh.close()
         os.replace(tmp, path)
+    except OSError as exc:
+        raise _write_error(exc, path) from exc
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def atomic_files(folder: str | Path, last: Sequence[str] = ()) -> Iterator[Path]:
+    """Yield a staging folder; the files written there appear in ``folder`` only once the whole block succeeded.
+
+    For outputs that belong together (analysis.json and its curves.png): a failure or kill while writing leaves
+    the old files (or none) and no new one. A new ``folder`` is the staging folder renamed, so every file
+    appears at once. In an existing ``folder`` (staged inside it: same file system) each file replaces its
+    namesake by ``os.replace``, the files named in ``last`` after the others: a new ``last`` file means the
+    rest is new too; only a kill between those renames (microseconds) leaves a mix.
+    """
+    folder = Path(folder)
+    home = folder if folder.is_dir() else folder.parent
+    stage: Path | None = None
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        for place in {home, folder.parent}:  # a killed run staged beside the folder if it was new, else inside
+            remove_stale(place, folder.name)
+        stage = Path(tempfile.mkdtemp(prefix=_temp_prefix(folder.name), suffix=".tmp", dir=home))
+        try:
+            yield stage
+        except WriteError as exc:
+            raise WriteError(exc.errno, exc.strerror, exc.filename.replace(str(stage), str(folder))) from None
+        names = sorted((p.name for p in stage.iterdir()), key=lambda n: (last.index(n) if n in last else -1, n))
+        if home != folder:
+            with contextlib.suppress(OSError):
+                os.rename(stage, folder)  # fails when someone created folder meanwhile: move file by file
+                return
+        for name in names:
+            os.replace(stage / name, folder / name)
+    except OSError as exc:
+        raise _write_error(exc, folder) from exc
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
 
 
 def finite_or_none(value: float | None) -> float | None:
@@ -35,6 +189,7 @@ def finite_or_none(value: float | None) -> float | None:
 
 
 def write_json(path: str | Path, data) -> Path:
-    with atomic_write(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    with atomic_write(path) as fh:
+        fh.write(text.encode("utf-8"))
     return Path(path)

@@ -33,10 +33,6 @@ from .taps import ViTParts, input_problem, unwrap_model, vit_parts
 
 logger = logging.getLogger("isiwatch")
 
-#: The smallest value of each integer option; smaller ones would fail at a sample, mid-training.
-LEAST = {"every_n_steps": 1, "probe_batch_size": 1, "history_size": 0, "heatmap_every": 1, "min_layers": 2,
-         "plateau_patience": 1, "isi_stall_window": 1}
-
 
 def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -107,10 +103,7 @@ class Watch:
                                       "run_name": run_name,
                                       "log_dir": None if log_dir is None else str(log_dir)}.items()
                     if v is not None}
-        self.options = opts = build_options(config, **explicit, **options)
-        for name, least in LEAST.items():
-            if getattr(opts, name) < least:
-                raise ValueError(f"{name} must be at least {least}, got {getattr(opts, name)}")
+        self.options = opts = build_options(config, **explicit, **options)  # range-checks every option
         self.model = model
         self._probe_model = unwrap_model(model)
         self._parts = vit_parts(self._probe_model)

@@ -11,7 +11,7 @@ from .analysis import METRICS, Analysis, analyze
 from .checkpoint import load_checkpoint
 from .data import MNIST_MEAN, MNIST_STD, fit_to_model, held_out_digits, image_folder
 from .depth import recommend_depth
-from .files import write_json
+from .files import atomic_files, write_json
 from .plots import plot_curves
 
 
@@ -49,7 +49,7 @@ def analyze_checkpoint(
     device: str = "cpu",
     echo: Callable[[str], None] | None = None,
 ) -> tuple[Analysis, list[Path]]:
-    """Analyse a checkpoint; with ``out``, write ``analysis.json`` and ``curves.png`` there.
+    """Analyse a checkpoint; with ``out``, write ``analysis.json`` and ``curves.png`` there (:func:`write_analysis`).
 
     ``arch`` and ``num_heads`` resolve checkpoints that do not record them (:func:`load_checkpoint`). When
     ``data`` holds fewer than ``images`` images, all of them are used, the model info records that count and
@@ -68,9 +68,19 @@ def analyze_checkpoint(
     result.model.update({"arch": ckpt.arch, "model_kwargs": ckpt.model_kwargs, "checkpoint": str(ckpt.path),
                          "sha256": ckpt.sha256, "data": data, "images": len(x),
                          "parameters": sum(p.numel() for p in model.parameters())})
-    paths: list[Path] = []
-    if out is not None:
-        out = Path(out)
-        paths = [write_json(out / "analysis.json", analysis_record(result)), plot_curves(result, out / "curves.png")]
-    return result, paths
+    return result, (write_analysis(result, out) if out is not None else [])
+
+
+def write_analysis(result: Analysis, out: str | Path) -> list[Path]:
+    """Write ``analysis.json`` and ``curves.png`` to ``out`` together (:func:`~isiwatch.files.atomic_files`).
+
+    Both are staged first and moved into place only when both were written, ``analysis.json`` last: a failure,
+    full disk or kill while writing never leaves one without the other, and a new ``analysis.json`` means its
+    ``curves.png`` is new too.
+    """
+    out = Path(out)
+    with atomic_files(out, last=("analysis.json",)) as stage:
+        plot_curves(result, stage / "curves.png")
+        write_json(stage / "analysis.json", analysis_record(result))
+    return [out / "analysis.json", out / "curves.png"]
 

@@ -23,9 +23,11 @@ def _pyplot():
 
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
-    with atomic_write(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    _pyplot().close(fig)
+    try:
+        with atomic_write(path) as fh:
+            fig.savefig(fh, format="png", dpi=110)
+    finally:
+        _pyplot().close(fig)
     return path
 
 

@@ -12,11 +12,13 @@ import html
 import json
 import math
 import statistics
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .analysis import Analysis
-from .files import atomic_write
+from .files import atomic_files, atomic_write
 from .plots import plot_curves, plot_heatmaps, plot_plateau_timeline
 from .tables import analysis_rows, recommendation_text
 from .truncate import report_rows
@@ -36,35 +38,118 @@ class RunRecords:
     recommendation: dict | None = None  # analysis.json's depth recommendation (absent in older files)
 
 
-def _jsonl(path: Path) -> list[dict]:
+Warn = Callable[[str], None]
+
+
+def _python_warning(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=5)
+
+
+def _jsonl(path: Path, warn: Warn) -> list[tuple[int, object]]:
+    """(line number, record) of every line. A cut-off last line, what a run killed while writing leaves, is
+    skipped with a warning; a malformed line before it is an error."""
     if not path.exists():
         return []
+    lines = [(number, line) for number, line in enumerate(path.read_bytes().split(b"\n"), 1) if line.strip()]
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+    for number, line in lines:
+        try:
+            records.append((number, json.loads(line)))
+        except ValueError:  # JSONDecodeError, or UnicodeDecodeError from a multi-byte character cut in two
+            if number != lines[-1][0]:
                 raise ValueError(f"{path}:{number}: not a JSON line") from None
+            warn(f"{path}:{number}: skipped the cut-off last line (the run stopped while writing it)")
     return records
 
 
-def read_run(run_dir: str | Path) -> RunRecords:
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _sample_problem(record) -> str | None:
+    """What keeps a metrics.jsonl record from being reported, or None."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    for key in ("step", "duration_s"):
+        if not _number(record.get(key)):
+            return f"{key!r} is missing or not a number"
+    layers = record.get("layers") or {}
+    if not isinstance(layers, dict):
+        return "'layers' is not an object"
+    for metric, values in layers.items():
+        if not isinstance(values, list) or not all(v is None or _number(v) for v in values):
+            return f"'layers.{metric}' is not a list of numbers"
+    if len({len(values) for values in layers.values()}) > 1:
+        return "the 'layers' lists differ in length"
+    phases = record.get("phases")
+    plateau = phases.get("plateau") if isinstance(phases, dict) else None
+    if phases is not None and not (isinstance(plateau, list) and len(plateau) == 2 and all(map(_number, plateau))):
+        return "'phases' has no plateau span"
+    return None
+
+
+def _alert_problem(record) -> str | None:
+    """What keeps an alerts.jsonl record from being reported, or None."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if not _number(record.get("step")):
+        return "'step' is missing or not a number"
+    missing = [key for key in ("kind", "severity", "message") if not isinstance(record.get(key), str)]
+    return f"{missing[0]!r} is missing or not a string" if missing else None
+
+
+def _records(path: Path, warn: Warn, problem: Callable[[object], str | None]) -> list[dict]:
+    records = []
+    for number, record in _jsonl(path, warn):
+        if (found := problem(record)) is not None:
+            raise ValueError(f"{path}:{number}: {found}")
+        records.append(record)
+    return records
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, KeyError):
+        return f"missing {exc.args[0]!r}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _json_file(path: Path, what: str, check: Callable[[object], object]):
+    """``check(data)`` of the JSON file at ``path`` (None when there is none); any failure names the file."""
+    if not path.exists():
+        return None
+    try:
+        return check(json.loads(path.read_bytes()))
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise ValueError(f"{path}: not {what} ({_reason(exc)})") from None
+
+
+def _analysis(data) -> tuple[Analysis, dict | None]:
+    analysis = Analysis.from_dict(data)
+    analysis_rows(analysis)  # fails here, before anything is written, when the curves do not line up
+    return analysis, _recommendation(data.get("recommendation"))
+
+
+def _truncation(data) -> dict:
+    if data:
+        _truncation_table(data)
+    return data
+
+
+def read_run(run_dir: str | Path, warn: Warn | None = None) -> RunRecords:
+    """Read and check everything :func:`write_report` uses; a problem raises ValueError naming the file (and
+    line). ``warn`` receives one-line notes (default: a Python warning)."""
     run_dir = Path(run_dir)
+    warn = warn or _python_warning
     if not run_dir.is_dir():
         raise ValueError(f"{run_dir}: no such run directory")
-    samples = _jsonl(run_dir / "metrics.jsonl")
-    if not samples:
+    samples = _records(run_dir / "metrics.jsonl", warn, _sample_problem)
+    if not any(s.get("layers") for s in samples):
         raise ValueError(f"{run_dir}: no samples in metrics.jsonl (is this an isiwatch log_dir?)")
-    analysis_path, truncate_path = run_dir / "analysis.json", run_dir / "truncate_report.json"
-    try:
-        data = json.loads(analysis_path.read_text()) if analysis_path.exists() else None
-        analysis = Analysis.from_dict(data) if data is not None else None
-        truncation = json.loads(truncate_path.read_text()) if truncate_path.exists() else None
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"{run_dir}: unreadable analysis.json or truncate_report.json ({exc})") from None
-    recommendation = _recommendation(data.get("recommendation")) if data is not None else None
-    return RunRecords(run_dir, samples, _jsonl(run_dir / "alerts.jsonl"), analysis, truncation, recommendation)
+    alerts = _records(run_dir / "alerts.jsonl", warn, _alert_problem)
+    analysis, recommendation = (_json_file(run_dir / "analysis.json", "an isiwatch analysis", _analysis)
+                                or (None, None))
+    truncation = _json_file(run_dir / "truncate_report.json", "an isiwatch truncation report", _truncation)
+    return RunRecords(run_dir, samples, alerts, analysis, truncation, recommendation)
 
 
 def _recommendation(value) -> dict | None:
@@ -144,12 +229,7 @@ for(var i=0;i<document.images.length;i++){if(document.images[i].complete&&docume
 document.body.setAttribute('data-images-loaded',n);});</script>"""
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
-    """Write the plots and ``report.html`` (images embedded, no external files) to ``out``
-    (default ``RUN_DIR/report``); returns the written paths."""
-    records = read_run(run_dir)
-    out = Path(out) if out is not None else records.run_dir / "report"
-    plots = write_plots(records, out)
+def _page(records: RunRecords, plots: dict[str, Path]) -> str:
     alerts = [[a["step"], a["kind"], a["severity"], a["message"]] for a in records.alerts]
     parts = [f"<h1>isiwatch report: {html.escape(records.run_dir.name)}</h1>", "<h2>Summary</h2>",
              _summary(records)]
@@ -162,9 +242,21 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> list[Pat
               else "<p>No alerts.</p>"]
     if records.truncation:
         parts += ["<h2>Truncation</h2>", _truncation_table(records.truncation)]
-    page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>isiwatch report</title>'
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>isiwatch report</title>'
             f"<style>{STYLE}</style></head><body>{''.join(parts)}{CHECK_SCRIPT}</body></html>")
-    path = out / "report.html"
-    with atomic_write(path) as tmp:
-        tmp.write_text(page, encoding="utf-8")
-    return [*plots.values(), path]
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None, warn: Warn | None = None) -> list[Path]:
+    """Write the plots and ``report.html`` (images embedded, no external files) to ``out``
+    (default ``RUN_DIR/report``); returns the written paths.
+
+    Every input is read and checked first (:func:`read_run`), and the files are staged and moved into ``out``
+    together (:func:`~isiwatch.files.atomic_files`): a bad input or a failure on the way writes nothing.
+    """
+    records = read_run(run_dir, warn)
+    out = Path(out) if out is not None else records.run_dir / "report"
+    with atomic_files(out, last=("report.html",)) as stage:
+        plots = write_plots(records, stage)
+        with atomic_write(stage / "report.html") as fh:
+            fh.write(_page(records, plots).encode("utf-8"))
+    return [*(out / path.name for path in plots.values()), out / "report.html"]

@@ -224,3 +224,101 @@ def test_more_images_than_the_data_has_are_noted_and_the_real_count_recorded(vit
     result = run("analyze", ckpt, "--images", 60, "--out", tmp_path / "p")
     assert result.exit_code == 0 and "note:" not in result.output
     assert json.loads((tmp_path / "p" / "analysis.json").read_text())["model"]["images"] == 60
+
+
+def test_malformed_checkpoints_are_named_one_line_errors(vit, tmp_path):
+    state = {k: v.contiguous() for k, v in vit.state_dict().items()}
+    listed = tmp_path / "listed.safetensors"
+    save_file(state, str(listed), metadata={"isiwatch": "[1,2]"})
+    flat = tmp_path / "flat.pt"
+    torch.save({"arch": "vit_tiny_patch16_224", "model_kwargs": {"num_heads": 2},
+                "state_dict": {**state, "patch_embed.proj.weight": torch.zeros(32)}}, flat)
+    counted = tmp_path / "counted.pt"
+    torch.save({**state, "blocks.0.mlp.fc1.weight": 3}, counted)
+    kwargs = tmp_path / "kwargs.pt"
+    torch.save({"arch": "vit_tiny_patch16_224", "model_kwargs": [1, 2], "state_dict": state}, kwargs)
+    heads = tmp_path / "heads.pt"
+    torch.save({"model_kwargs": {"num_heads": "two"}, "state_dict": state}, heads)
+    cases = {listed: "its 'isiwatch' metadata is not a JSON object",
+             flat: "'patch_embed.proj.weight' has shape (32,); a ViT's has 4 dimensions",
+             counted: "state dict entry 'blocks.0.mlp.fc1.weight' is not a tensor (int)",
+             kwargs: "model_kwargs is not a mapping (list)",
+             heads: "the recorded num_heads 'two' is not a positive integer"}
+    for path, expected in cases.items():
+        line = one_line_error(run("analyze", path, "--num-heads", 2, "--out", tmp_path / "o"))
+        assert line == f"Error: {path}: {expected}", line
+        with pytest.raises(CheckpointError, match="^" + str(path)):
+            load_checkpoint(path)
+    assert not (tmp_path / "o").exists()
+
+
+def test_analyze_writes_analysis_and_curves_together_or_not_at_all(vit, tmp_path, monkeypatch):
+    import isiwatch.offline as offline
+
+    ckpt = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", KWARGS, vit.state_dict())
+    real_plot = offline.plot_curves
+
+    def plot_then_fail(result, path):
+        real_plot(result, path)
+        raise RuntimeError("killed after curves.png")
+
+    monkeypatch.setattr(offline, "plot_curves", plot_then_fail)
+    out = tmp_path / "new"
+    assert one_line_error(run("analyze", ckpt, "--images", 50, "--out", out))
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]  # no staging folder left
+
+    monkeypatch.setattr(offline, "plot_curves", real_plot)
+    assert run("analyze", ckpt, "--images", 50, "--out", out).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {"analysis.json", "curves.png"}
+    real_json = offline.write_json
+
+    def json_then_fail(path, data):
+        real_json(path, data)
+        raise RuntimeError("killed after analysis.json")
+
+    monkeypatch.setattr(offline, "write_json", json_then_fail)
+    assert one_line_error(run("analyze", ckpt, "--images", 60, "--out", out))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the old pair, untouched
+
+
+def test_full_disk_while_analysing_names_the_file_and_writes_nothing(vit, tmp_path, monkeypatch):
+    ckpt = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", KWARGS, vit.state_dict())
+    out = tmp_path / "out"
+    real = os.write
+
+    def write(fd, data):
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(".analysis.json."):
+            raise OSError(28, os.strerror(28))
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    line = one_line_error(run("analyze", ckpt, "--images", 50, "--out", out))
+    assert line == f"Error: {out / 'analysis.json'}: cannot write (No space left on device)"
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--bogus"], "Error: No such option '--bogus' (see isiwatch --help)"),
+    (["nope"], "Error: No such command 'nope' (see isiwatch --help)"),
+    (["analyze"], "Error: Missing argument 'CHECKPOINT' (see isiwatch analyze --help)"),
+    (["analyze", "m.pt", "--device", "tpu"], "Error: Invalid value for '--device': 'tpu' is not one of 'auto', "
+                                             "'cpu', 'cuda' (see isiwatch analyze --help)"),
+    (["analyze", "m.pt", "--images", "2"], "Error: Invalid value for '--images': 2 is not in the range x>=4 "
+                                           "(see isiwatch analyze --help)"),
+    (["truncate", "m.pt", "--out", "o.pt", "--keep", "2", "--budget", "3"],
+     "Error: --max-drop and --budget apply to --strategy auto only (see isiwatch truncate --help)"),
+    (["config", "check"], "Error: Missing argument 'FILE' (see isiwatch config check --help)"),
+])
+def test_usage_errors_are_one_line_with_exit_status_1(args, message):
+    result = run(*args)
+    assert (result.exit_code, result.output) == (1, message + "\n")
+
+
+def test_help_exits_0_and_a_real_usage_error_exits_1(tmp_path):
+    for args in (["--help"], ["analyze", "--help"], ["config", "check", "-h"], [], ["config"]):
+        result = run(*args)
+        assert result.exit_code == 0 and "Usage: isiwatch" in result.output, (args, result.output)
+    proc = subprocess.run([sys.executable, "-m", "isiwatch.cli", "analyze", "--nope"], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("Error: No such option '--nope'") and proc.stderr.count("\n") == 1, proc.stderr

@@ -3,6 +3,7 @@
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -85,6 +86,84 @@ def test_report_shows_the_recommended_depth_and_reads_older_files(tmp_path):
     assert read_run(run).recommendation is None
     page = write_report(run, tmp_path / "old")[-1].read_text()
     assert "recommended depth" not in page and "<td>plateau onset</td>" in page and page.count("<img ") == 3
+
+
+def test_out_of_range_prometheus_port_is_refused_before_anything_is_written(tmp_path):
+    result = CliRunner().invoke(main, ["demo", "--quick", "--prometheus-port", "99999", "--out", str(tmp_path / "d")])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert "'--prometheus-port': 99999 is not in the range 0<=x<=65535" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def watched_run(tmp_path_factory):
+    x, y = embedded_digits()
+    run = tmp_path_factory.mktemp("watched") / "run"
+    with Watch(tiny_vit(), x[4000:4064], y[4000:4064], every_n_steps=1, log_dir=run) as watch:
+        for step in (1, 2, 3):
+            watch.step(step)
+    return run
+
+
+@pytest.fixture
+def run_copy(watched_run, tmp_path):
+    return Path(shutil.copytree(watched_run, tmp_path / "run"))
+
+
+def report(run, out):
+    return CliRunner().invoke(main, ["report", str(run), "--out", str(out)])
+
+
+def test_report_skips_a_cut_off_last_line_with_a_warning(run_copy, tmp_path):
+    metrics = run_copy / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join(lines) + "\n" + lines[-1][:57])  # what a run killed mid-write leaves
+    result = report(run_copy, tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == f"warning: {metrics}:4: skipped the cut-off last line (the run stopped while writing it)\n"
+    assert "<td>samples</td><td>3</td>" in (tmp_path / "r" / "report.html").read_text()
+    alerts = run_copy / "alerts.jsonl"
+    alerts.write_text(alerts.read_text() + '{"step": 3, "kind": "pla')
+    assert report(run_copy, tmp_path / "r2").exit_code == 0 and (tmp_path / "r2" / "report.html").is_file()
+
+
+@pytest.mark.parametrize("name, edit, message", [
+    ("metrics.jsonl", lambda lines: [lines[0], lines[1][:40], lines[2]], "metrics.jsonl:2: not a JSON line"),
+    ("metrics.jsonl", lambda lines: [lines[0], lines[1].replace('"duration_s": ', '"duration_s": "x", "_": '),
+                                     lines[2]], "metrics.jsonl:2: 'duration_s' is missing or not a number"),
+    ("metrics.jsonl", lambda lines: [lines[0], lines[1], lines[2].replace('"isi": [', '"isi": ["a", ')],
+     "metrics.jsonl:3: 'layers.isi' is not a list of numbers"),
+    ("alerts.jsonl", lambda lines: ['{"step": 1, "kind": "x"}', '{"step": 2}'],
+     "alerts.jsonl:1: 'severity' is missing or not a string"),
+    ("truncate_report.json", lambda lines: ['{"strategy": "tail", "kept_blocks": [0, 1]}'],
+     "truncate_report.json: not an isiwatch truncation report (missing 'healing_steps')"),
+    ("truncate_report.json", lambda lines: ["[1, 2]"], "truncate_report.json: not an isiwatch truncation report"),
+    ("analysis.json", lambda lines: ['{"layers": 3}'], "analysis.json: not an isiwatch analysis"),
+])
+def test_report_checks_every_input_before_writing_anything(run_copy, tmp_path, name, edit, message):
+    path = run_copy / name
+    lines = path.read_text().splitlines() if path.exists() else []
+    path.write_text("\n".join(edit(lines)) + "\n")
+    result = report(run_copy, tmp_path / "r")
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"Error: {run_copy / message}"), result.output
+    assert not (tmp_path / "r").exists() and not (run_copy / "report").exists()
+
+
+def test_a_report_that_fails_while_writing_leaves_the_old_one(run_copy, tmp_path, monkeypatch):
+    import isiwatch.report as report_module
+
+    assert report(run_copy, tmp_path / "r").exit_code == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir()}
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("killed while plotting")
+
+    monkeypatch.setattr(report_module, "plot_plateau_timeline", fail)
+    assert report(run_copy, tmp_path / "r").exit_code == 1
+    assert {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir()} == before
+    assert report(run_copy, tmp_path / "new").exit_code == 1 and sorted(p.name for p in tmp_path.iterdir()) == [
+        "r", "run"]
 
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
