@@ -42,6 +42,11 @@ class Checkpoint:
     state_dict: dict[str, Tensor]
     sha256: str
     metadata: dict = field(default_factory=dict)
+    #: Which weights were read: "ema" (``state_dict_ema``) or "state_dict" (any other state dict).
+    weights: str = "state_dict"
+    #: The data config the weights were trained with (``mean``, ``std``, ``interpolation``, ``crop_pct`` and a
+    #: ``source``), from timm ``train.py``'s ``args`` or isiwatch's own metadata; empty when none is recorded.
+    data_config: dict = field(default_factory=dict)
 
     def build(self) -> nn.Module:
         """``timm.create_model(arch, **model_kwargs)`` (token-specialised when the metadata says so) with the
@@ -156,14 +161,48 @@ def _read_safetensors(path: Path) -> dict:
     return raw
 
 
-def _state_dict_of(raw: dict, prefer_ema: bool) -> dict[str, Tensor]:
+def _state_dict_of(raw: dict, prefer_ema: bool) -> tuple[dict[str, Tensor], str]:
+    """The state dict to load and which it is: "ema" or "state_dict" (any non-EMA one)."""
     for key in (("state_dict_ema", "state_dict") if prefer_ema else ("state_dict", "state_dict_ema")):
         if isinstance(raw.get(key), dict) and raw[key]:
-            return raw[key]
+            return raw[key], "ema" if key == "state_dict_ema" else "state_dict"
     for key in ("model", "model_state_dict", "module"):
         if isinstance(raw.get(key), dict):
-            return raw[key]
-    return raw
+            return raw[key], "state_dict"
+    return raw, "state_dict"
+
+
+#: Normalisation sources whose statistics belong to the weights, so a checkpoint derived from them keeps them.
+WEIGHT_SOURCES = ("checkpoint args", "checkpoint metadata", "--mean/--std")
+
+
+def _stats(path: Path, name: str, value) -> tuple[float, ...]:
+    values = value if isinstance(value, (list, tuple)) else (value,)
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise CheckpointError(f"{path}: the recorded {name} {value!r} is not a number or a list of numbers")
+    return tuple(float(v) for v in values)
+
+
+def _data_config(path: Path, raw: dict, meta: dict) -> dict:
+    """The data config of the training run: timm ``train.py``'s ``args`` (``mean``, ``std``, ``interpolation``,
+    ``crop_pct``; None or '' means "the model's default" there), else the normalisation isiwatch recorded when
+    it wrote the file from weights trained with known statistics."""
+    args = raw.get("args")
+    fields = vars(args) if isinstance(args, argparse.Namespace) else (args if isinstance(args, dict) else {})
+    source = "checkpoint args"
+    recorded = meta.get("normalization") if isinstance(meta, dict) else None
+    if (fields.get("mean") is None or fields.get("std") is None) and isinstance(recorded, dict) \
+            and recorded.get("source") in WEIGHT_SOURCES:
+        fields, source = recorded, "checkpoint metadata"
+    if fields.get("mean") is None or fields.get("std") is None:
+        return {}
+    config = {"mean": _stats(path, "mean", fields["mean"]), "std": _stats(path, "std", fields["std"]),
+              "source": source}
+    if isinstance(fields.get("interpolation"), str) and fields["interpolation"]:
+        config["interpolation"] = fields["interpolation"]
+    if isinstance(fields.get("crop_pct"), (int, float)) and not isinstance(fields["crop_pct"], bool):
+        config["crop_pct"] = float(fields["crop_pct"])
+    return config
 
 
 def _strip_prefix(state: dict[str, Tensor]) -> dict[str, Tensor] | None:
@@ -309,7 +348,8 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
     """
     path = Path(path)
     raw = read_raw(path)
-    state = _strip_prefix(_state_dict_of(raw, prefer_ema))
+    state, weights = _state_dict_of(raw, prefer_ema)
+    state = _strip_prefix(state)
     if state is None or "patch_embed.proj.weight" not in state:
         raise CheckpointError(f"{path}: not a ViT checkpoint (no {_QKV!r} or patch_embed weights found)")
     _check_tensors(path, state)
@@ -366,7 +406,8 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
     meta = raw.get("isiwatch") or {}
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: its 'isiwatch' record is not a mapping ({type(meta).__name__})")
-    return Checkpoint(path, chosen_arch, kwargs, state, sha256_of(path), meta)
+    return Checkpoint(path, chosen_arch, kwargs, state, sha256_of(path), meta, weights,
+                      _data_config(path, raw, meta))
 
 
 def save_checkpoint(path: str | Path, arch: str, model_kwargs: dict, state_dict: dict[str, Tensor],

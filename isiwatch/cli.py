@@ -145,6 +145,38 @@ def config_check(ctx: click.Context, file: Path) -> None:
     click.echo(f"{file}: OK ({len(loaded.watch)} Watch options; command sections: {sections})")
 
 
+class _Stats(click.ParamType):
+    """One number or one per channel, separated by commas or spaces: ``--mean 0.5`` or
+    ``--mean 0.485,0.456,0.406`` (click options take a fixed number of values)."""
+
+    name = "M[,M,M]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = value if isinstance(value, (list, tuple)) else str(value).replace(",", " ").split()
+        try:
+            stats = tuple(float(v) for v in parts)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number or a comma-separated list of numbers", param, ctx)
+        if not 1 <= len(stats) <= 4:
+            self.fail(f"{value!r}: give one value or one per channel", param, ctx)
+        if param is not None and param.name == "std" and not all(v > 0 for v in stats):
+            self.fail(f"{value!r}: standard deviations must be positive", param, ctx)
+        return stats
+
+
+MEAN = click.option("--mean", type=_Stats(), help="Per-channel mean to normalise images with, e.g. 0.5 or "
+                                                  "0.485,0.456,0.406 (default: the checkpoint's training args, "
+                                                  "else the model's pretrained_cfg; MNIST's for --data mnist).")
+STD = click.option("--std", type=_Stats(), help="Per-channel standard deviation, with --mean.")
+def _inputs_line(weights: str, norm: dict) -> str:
+    """Which weights and which normalisation an analysis or cut used (both change every number after it)."""
+    numbers = lambda values: ",".join(f"{v:g}" for v in values)  # noqa: E731
+    return (f"weights: {'EMA (state_dict_ema)' if weights == 'ema' else 'state_dict'}; normalised with mean "
+            f"{numbers(norm['mean'])} std {numbers(norm['std'])} ({norm['source']})")
+
+
 DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                       help="Where to run the model.")
 
@@ -164,8 +196,11 @@ DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), de
 @click.option("--isi-recon", is_flag=True, help="Also compute the reconstruction form of ISI (slower).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
+@MEAN
+@STD
 @DEVICE
-def analyze(checkpoint, arch, num_heads, data, images, out, metric, isi_recon, batch_size, no_ema, device) -> None:
+def analyze(checkpoint, arch, num_heads, data, images, out, metric, isi_recon, batch_size, no_ema, mean, std,
+            device) -> None:
     """Per-layer diagnostics of a trained ViT checkpoint."""
     from .depth import recommend_depth
     from .offline import analyze_checkpoint
@@ -173,8 +208,9 @@ def analyze(checkpoint, arch, num_heads, data, images, out, metric, isi_recon, b
 
     result, paths = analyze_checkpoint(checkpoint, arch=arch, num_heads=num_heads, data=data, images=images, out=out,
                                        metric=metric, with_isi_recon=isi_recon, batch_size=batch_size,
-                                       prefer_ema=not no_ema, device=_device(device),
+                                       prefer_ema=not no_ema, mean=mean, std=std, device=_device(device),
                                        echo=lambda line: click.echo(line, err=True))
+    click.echo(_inputs_line(result.model["weights"], result.model["normalization"]))
     click.echo(analysis_table(result))
     click.echo(phases_line(result))
     click.echo(f"recommended depth: {recommendation_text(recommend_depth(result).to_dict())}")
@@ -224,7 +260,10 @@ from .truncate import DEFAULT_STRATEGY, HEAL_EPOCHS, HEAL_LR, STRATEGIES  # noqa
 @click.option("--analysis", type=click.Path(dir_okay=False, path_type=Path),
               help="analysis.json of this checkpoint (default: analyse it on --data).")
 @click.option("--data", default="mnist", show_default=True,
-              help="Healing and held-out images: 'mnist' (the embedded digits) or an ImageFolder directory.")
+              help="Healing and held-out images: 'mnist' (the embedded digits) or an ImageFolder directory (20 % "
+                   "held out, unless it has train/ and validation/ sub-folders: heal on train, evaluate on "
+                   "validation).")
+@click.option("--eval-data", help="ImageFolder directory to validate and test on (halved); all of --data heals.")
 @click.option("--strategy", type=click.Choice(("auto", *STRATEGIES)),
               help=f"Which blocks to drop [default: auto; {DEFAULT_STRATEGY} with --keep]. auto: the cheapest "
                    "healed cut within --max-drop.")
@@ -247,9 +286,11 @@ from .truncate import DEFAULT_STRATEGY, HEAL_EPOCHS, HEAL_LR, STRATEGIES  # noqa
               help="Attention heads, for a checkpoint that records neither them nor an architecture.")
 @click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Healing order and random strategy seed.")
+@MEAN
+@STD
 @DEVICE
-def truncate(checkpoint, out, analysis, data, strategy, keep, max_drop, budget, train_last, epochs, lr, distill,
-             metric, images, fmt, report, arch, num_heads, no_ema, seed, device) -> None:
+def truncate(checkpoint, out, analysis, data, eval_data, strategy, keep, max_drop, budget, train_last, epochs, lr,
+             distill, metric, images, fmt, report, arch, num_heads, no_ema, seed, mean, std, device) -> None:
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
     fine-tuning its late blocks."""
     from .truncate import candidates_table, report_table, truncate
@@ -258,10 +299,14 @@ def truncate(checkpoint, out, analysis, data, strategy, keep, max_drop, budget, 
         raise click.UsageError("--max-drop and --budget apply to --strategy auto only")
     auto = {"max_drop": DEFAULT_MAX_DROP if max_drop is None else max_drop,
             "budget": DEFAULT_BUDGET if budget is None else budget}
-    result = truncate(checkpoint, out, analysis=analysis, data=data, strategy=strategy, keep=keep, **auto,
+    result = truncate(checkpoint, out, analysis=analysis, data=data, eval_data=eval_data, strategy=strategy,
+                      keep=keep, **auto,
                       train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images,
-                      fmt=fmt, report=report, arch=arch, num_heads=num_heads, prefer_ema=not no_ema,
-                      device=_device(device), seed=seed, progress=True)
+                      fmt=fmt, report=report, arch=arch, num_heads=num_heads, prefer_ema=not no_ema, mean=mean,
+                      std=std, device=_device(device), seed=seed, progress=True)
+    click.echo(_inputs_line(result.report["weights"], result.report["normalization"]))
+    click.echo("images: " + "; ".join(f"{part} {d['images']} of {d['of']} in {d['source']}"
+                                      for part, d in result.report["data"].items()))
     if result.report["search"]:
         click.echo(candidates_table(result.report))
         if result.report["search"]["message"]:

@@ -3,6 +3,7 @@ and ImageFolder trees, resized to what a model expects."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,6 +18,51 @@ DIGITS_TRAIN = 4000
 
 class DataError(ValueError):
     """Images could not be loaded; the message names the source and the problem."""
+
+
+#: Resize interpolations an ImageFolder may be read with (timm ``train.py``'s ``--interpolation`` names).
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """Per-channel statistics images are normalised with, the resize interpolation and where they came from
+    ("checkpoint args", "checkpoint metadata", "pretrained_cfg", "--mean/--std" or "mnist"): recorded in every
+    output, since statistics other than the training run's skew every curve and accuracy."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    source: str
+    interpolation: str = "bilinear"
+
+    def to_dict(self) -> dict:
+        return {"mean": list(self.mean), "std": list(self.std), "source": self.source,
+                "interpolation": self.interpolation}
+
+
+MNIST_NORMALIZATION = Normalization((MNIST_MEAN,), (MNIST_STD,), "mnist")
+
+
+def per_channel(values, in_chans: int, name: str) -> tuple[float, ...]:
+    """``values`` for each of ``in_chans`` channels: one value is repeated (as timm does), else the counts
+    must agree."""
+    values = tuple(float(v) for v in values)
+    if len(values) == 1:
+        return values * in_chans
+    if len(values) != in_chans:
+        raise DataError(f"{name} has {len(values)} values but the model takes {in_chans} input channels")
+    return values
+
+
+def renormalize(images: Tensor, norm: Normalization) -> Tensor:
+    """Embedded digits (normalised with MNIST statistics, already fitted to the model) normalised with ``norm``
+    instead."""
+    if norm.source == "mnist":
+        return images
+    chans = images.shape[1]
+    mean = torch.tensor(per_channel(norm.mean, chans, "--mean")).view(1, -1, 1, 1)
+    std = torch.tensor(per_channel(norm.std, chans, "--std")).view(1, -1, 1, 1)
+    return (images * MNIST_STD + MNIST_MEAN - mean) / std
 
 
 def embedded_digits(seed: int = 0) -> tuple[Tensor, Tensor]:
@@ -52,9 +98,9 @@ def fit_to_model(images: Tensor, img_size: int | tuple[int, int], in_chans: int)
 
 
 def image_folder(root: str | Path, img_size: int | tuple[int, int], in_chans: int,
-                 mean, std, limit: int | None = None) -> tuple[Tensor, Tensor]:
-    """Images of an ImageFolder tree (one sub-folder per class), resized and normalised; with ``limit``,
-    a fixed random subset of that many."""
+                 mean, std, limit: int | None = None, interpolation: str = "bilinear") -> tuple[Tensor, Tensor]:
+    """Images of an ImageFolder tree (one sub-folder per class), resized (with ``interpolation``) and normalised;
+    with ``limit``, a fixed random subset of that many."""
     from torchvision import datasets, transforms
 
     root = Path(root)
@@ -62,7 +108,10 @@ def image_folder(root: str | Path, img_size: int | tuple[int, int], in_chans: in
         raise DataError(f"{root}: no such data folder")
     size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     mode = "L" if in_chans == 1 else "RGB"
-    tf = transforms.Compose([transforms.Lambda(lambda im: im.convert(mode)), transforms.Resize(size),
+    if interpolation not in INTERPOLATIONS:
+        raise DataError(f"unknown interpolation {interpolation!r}; use one of {', '.join(INTERPOLATIONS)}")
+    resize = transforms.Resize(size, interpolation=transforms.InterpolationMode(interpolation))
+    tf = transforms.Compose([transforms.Lambda(lambda im: im.convert(mode)), resize,
                              transforms.ToTensor(), transforms.Normalize(mean[:in_chans], std[:in_chans])])
     try:
         dataset = datasets.ImageFolder(str(root), transform=tf)

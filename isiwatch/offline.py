@@ -9,23 +9,61 @@ from torch import Tensor, nn
 
 from .analysis import METRICS, Analysis, analyze
 from .checkpoint import load_checkpoint
-from .data import MNIST_MEAN, MNIST_STD, fit_to_model, held_out_digits, image_folder
+from .data import (
+    INTERPOLATIONS,
+    MNIST_NORMALIZATION,
+    DataError,
+    Normalization,
+    fit_to_model,
+    held_out_digits,
+    image_folder,
+    per_channel,
+    renormalize,
+)
 from .depth import recommend_depth
 from .files import atomic_files, write_json
 from .plots import plot_curves
 
 
-def probe_images(model: nn.Module, data: str, count: int) -> tuple[Tensor, Tensor]:
-    """``count`` labelled images for ``model``: 'mnist' = the embedded held-out digits, else an ImageFolder."""
+def resolve_normalization(model: nn.Module, data: str, data_config: dict | None = None,
+                          mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None
+                          ) -> Normalization:
+    """How images for ``model`` are normalised: ``mean``/``std`` given by the user; else MNIST statistics for
+    the embedded digits; else the statistics the weights were trained with (``data_config``, see
+    :attr:`~isiwatch.checkpoint.Checkpoint.data_config`); else the model's ``pretrained_cfg`` (3 channels) or
+    MNIST statistics (other channel counts)."""
+    in_chans = model.patch_embed.proj.in_channels
+    config = data_config or {}
+    interpolation = config.get("interpolation") if config.get("interpolation") in INTERPOLATIONS else "bilinear"
+    if (mean is None) != (std is None):
+        raise DataError("--mean and --std go together: give both or neither")
+    if mean is not None:
+        return Normalization(per_channel(mean, in_chans, "--mean"), per_channel(std, in_chans, "--std"),
+                             "--mean/--std", interpolation)
+    if data == "mnist":
+        return MNIST_NORMALIZATION
+    if config:
+        return Normalization(per_channel(config["mean"], in_chans, f"the {config['source']} mean"),
+                             per_channel(config["std"], in_chans, f"the {config['source']} std"),
+                             config["source"], interpolation)
+    cfg = getattr(model, "pretrained_cfg", {}) or {}
+    if in_chans == 3 and cfg.get("mean") and cfg.get("std"):
+        return Normalization(tuple(cfg["mean"]), tuple(cfg["std"]), "pretrained_cfg")
+    return Normalization(MNIST_NORMALIZATION.mean * in_chans, MNIST_NORMALIZATION.std * in_chans, "mnist")
+
+
+def probe_images(model: nn.Module, data: str, count: int | None,
+                 norm: Normalization | None = None) -> tuple[Tensor, Tensor]:
+    """``count`` labelled images for ``model``: 'mnist' = the embedded held-out digits, else an ImageFolder;
+    normalised with ``norm`` (default: :func:`resolve_normalization` without a checkpoint's data config)."""
     img_size = model.patch_embed.img_size
     in_chans = model.patch_embed.proj.in_channels
+    norm = norm or resolve_normalization(model, data)
     if data == "mnist":
         images, labels = held_out_digits(count)
-        return fit_to_model(images, img_size, in_chans), labels
-    cfg = getattr(model, "pretrained_cfg", {}) or {}
-    mean = cfg.get("mean", (MNIST_MEAN,) * 3) if in_chans == 3 else (MNIST_MEAN,)
-    std = cfg.get("std", (MNIST_STD,) * 3) if in_chans == 3 else (MNIST_STD,)
-    return image_folder(data, img_size, in_chans, mean, std, limit=count)
+        return renormalize(fit_to_model(images, img_size, in_chans), norm), labels
+    return image_folder(data, img_size, in_chans, per_channel(norm.mean, in_chans, "mean"),
+                        per_channel(norm.std, in_chans, "std"), limit=count, interpolation=norm.interpolation)
 
 
 def analysis_record(analysis: Analysis) -> dict:
@@ -46,6 +84,8 @@ def analyze_checkpoint(
     with_isi_recon: bool = False,
     batch_size: int = 1000,
     prefer_ema: bool = True,
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
     device: str = "cpu",
     echo: Callable[[str], None] | None = None,
 ) -> tuple[Analysis, list[Path]]:
@@ -53,20 +93,23 @@ def analyze_checkpoint(
 
     ``arch`` and ``num_heads`` resolve checkpoints that do not record them (:func:`load_checkpoint`). When
     ``data`` holds fewer than ``images`` images, all of them are used, the model info records that count and
-    ``echo`` (if given) receives a one-line note saying so.
+    ``echo`` (if given) receives a one-line note saying so. ``mean``/``std`` override the normalisation
+    (:func:`resolve_normalization`); the model info records it and which weights were read (EMA or not).
     """
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema, num_heads=num_heads)
     model = ckpt.build().to(device)
-    x, y = probe_images(model, data, images)
+    norm = resolve_normalization(model, data, ckpt.data_config, mean, std)
+    x, y = probe_images(model, data, images, norm)
     if len(x) < images and echo is not None:
         echo(f"note: --images {images} requested but {data} has only {len(x)}; analysed {len(x)} images")
     result = analyze(model, x, y, batch_size=batch_size, with_isi_recon=with_isi_recon, phase_metric=metric)
     if metric not in result.layers:
         raise ValueError(f"metric {metric!r} is not available for this model")
     result.model.update({"arch": ckpt.arch, "model_kwargs": ckpt.model_kwargs, "checkpoint": str(ckpt.path),
-                         "sha256": ckpt.sha256, "data": data, "images": len(x),
+                         "sha256": ckpt.sha256, "weights": ckpt.weights, "data": data,
+                         "normalization": norm.to_dict(), "images": len(x),
                          "parameters": sum(p.numel() for p in model.parameters())})
     return result, (write_analysis(result, out) if out is not None else [])
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import timm
@@ -34,10 +34,10 @@ from .block_scores import BoundaryDistances, angular_distance, block_influence, 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .cost import count_parameters, forward_flops, measure_latency
 from .cut_search import DEFAULT_BUDGET, DEFAULT_MAX_DROP, CutSearch, check_search_options
-from .data import DIGITS_TRAIN, DataError, embedded_digits, fit_to_model
+from .data import DIGITS_TRAIN, DataError, Normalization, embedded_digits, fit_to_model, renormalize
 from .depth import DepthRecommendation, recommend_depth
 from .files import write_json
-from .offline import probe_images
+from .offline import probe_images, resolve_normalization
 from .phases import Phases
 from .tables import format_table
 from .training import accuracy, predict, train_classifier
@@ -179,30 +179,66 @@ class Split:
     val_y: Tensor
     test_x: Tensor
     test_y: Tensor
+    #: Which images each part holds: ``{"heal" | "validation" | "test": {"source", "images", "of"}}`` (``of``:
+    #: the images in that source), so a report says whether "held out" really is.
+    data: dict = field(default_factory=dict)
 
     @property
     def held_out(self) -> tuple[Tensor, Tensor]:
         return torch.cat([self.val_x, self.test_x]), torch.cat([self.val_y, self.test_y])
 
 
-def load_split(model: nn.Module, data: str) -> Split:
-    """'mnist': the embedded digits (the demo's 4,000 training / 1,000 held-out split); otherwise an
-    ImageFolder, of which a fixed HELD_OUT_FRACTION is held out. The held-out images are halved into
-    validation and test."""
+def train_val_dirs(data: str) -> tuple[Path, Path] | None:
+    """``DIR/train`` and ``DIR/validation`` (or ``DIR/val``) when ``data`` has timm ``train.py``'s layout."""
+    root = Path(data)
+    val = next((root / name for name in ("validation", "val") if (root / name).is_dir()), None)
+    return (root / "train", val) if val is not None and (root / "train").is_dir() else None
+
+
+def _images(model: nn.Module, data: str, norm: Normalization | None) -> tuple[Tensor, Tensor]:
     if data == "mnist":
         images, labels = embedded_digits()
         images = fit_to_model(images, model.patch_embed.img_size, model.patch_embed.proj.in_channels)
-        cut = DIGITS_TRAIN
+        return renormalize(images, norm) if norm is not None else images, labels
+    return probe_images(model, data, None, norm)
+
+
+def load_split(model: nn.Module, data: str, eval_data: str | None = None,
+               norm: Normalization | None = None) -> Split:
+    """Healing, validation and test images, normalised with ``norm``.
+
+    With ``eval_data``, or when ``data`` has ``train/`` and ``validation/`` (or ``val/``) sub-folders (timm
+    ``train.py``'s layout), all of ``data`` (its ``train/``) heals and the evaluation folder is halved into
+    validation and test: a folder split would measure "held-out" accuracy on training images. Otherwise one
+    source is split: 'mnist' as the demo does (4,000 healing / 1,000 held-out digits), an ImageFolder by holding
+    out a fixed HELD_OUT_FRACTION; the held-out images are halved into validation and test.
+    """
+    layout = train_val_dirs(data) if eval_data is None and data != "mnist" else None
+    heal_source, eval_source = (str(layout[0]), str(layout[1])) if layout else (data, eval_data)
+    images, labels = _images(model, heal_source, norm)
+    if eval_source is None:
+        if data == "mnist":
+            cut = DIGITS_TRAIN
+        else:
+            if len(images) < 3:
+                raise DataError(f"{data}: need at least 3 images to heal, validate and test, found {len(images)}")
+            cut = len(images) - max(2, round(HELD_OUT_FRACTION * len(images)))
+        heal_x, heal_y, eval_x, eval_y = images[:cut], labels[:cut], images[cut:], labels[cut:]
     else:
-        images, labels = probe_images(model, data, None)
-        if len(images) < 3:
-            raise DataError(f"{data}: need at least 3 images to heal, validate and test, found {len(images)}")
-        cut = len(images) - max(2, round(HELD_OUT_FRACTION * len(images)))
+        heal_x, heal_y = images, labels
+        eval_x, eval_y = _images(model, eval_source, norm)
+        if len(eval_x) < 2:
+            raise DataError(f"{eval_source}: need at least 2 images to validate and test, found {len(eval_x)}")
     classes = getattr(model, "num_classes", 0)
-    if int(labels.max()) >= classes:
-        raise DataError(f"{data}: {int(labels.max()) + 1} classes but the model's head has {classes} outputs")
-    half = cut + (len(images) - cut) // 2
-    return Split(images[:cut], labels[:cut], images[cut:half], labels[cut:half], images[half:], labels[half:])
+    for source, y in ((heal_source, heal_y), (eval_source or data, eval_y)):
+        if int(y.max()) >= classes:
+            raise DataError(f"{source}: {int(y.max()) + 1} classes but the model's head has {classes} outputs")
+    half = len(eval_x) // 2
+    total = len(eval_x) if eval_source else len(images)
+    record = {"heal": {"source": heal_source, "images": len(heal_x), "of": len(images)},
+              "validation": {"source": eval_source or data, "images": half, "of": total},
+              "test": {"source": eval_source or data, "images": len(eval_x) - half, "of": total}}
+    return Split(heal_x, heal_y, eval_x[:half], eval_y[:half], eval_x[half:], eval_y[half:], record)
 
 
 def _read_analysis(path: Path, depth: int, sha256: str) -> Analysis:
@@ -253,6 +289,7 @@ def truncate(
     *,
     analysis: str | Path | None = None,
     data: str = "mnist",
+    eval_data: str | None = None,
     strategy: str | None = None,
     keep: int | None = None,
     max_drop: float = DEFAULT_MAX_DROP,
@@ -268,6 +305,8 @@ def truncate(
     arch: str | None = None,
     num_heads: int | None = None,
     prefer_ema: bool = True,
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
     device: str = "cpu",
     seed: int = 0,
     progress: bool = False,
@@ -280,8 +319,11 @@ def truncate(
     ``strategy`` (``bi`` by default with ``keep``) cuts to ``keep`` blocks; without ``keep``, ``plateau`` cuts
     the plateau of ``metric`` and the others cut to the recommended depth (:func:`isiwatch.depth.recommend_depth`,
     from ``analysis`` or an analysis of ``images`` healing images). ``train_last`` defaults to the late
-    half of the kept blocks; ``epochs`` of healing (0: cut only). The input file is never written; outputs
-    are written atomically, only after everything succeeded.
+    half of the kept blocks; ``epochs`` of healing (0: cut only). ``eval_data`` (or ``data``'s own
+    ``train/``+``validation/`` layout) separates healing from evaluation images (:func:`load_split`); images are
+    normalised with ``mean``/``std``, else as the checkpoint records (:func:`~isiwatch.offline.resolve_normalization`).
+    The report and the output's metadata record the images, the normalisation and the weights (EMA or not)
+    used. The input file is never written; outputs are written atomically, only after everything succeeded.
     """
     checkpoint, out = Path(checkpoint), Path(out)
     strategy = strategy or ("auto" if keep is None else DEFAULT_STRATEGY)
@@ -301,7 +343,8 @@ def truncate(
     if keep is not None and not 1 <= keep < depth:
         raise ValueError(f"--keep must be between 1 and {depth - 1} for this {depth}-block model, got {keep}")
     source_analysis = _read_analysis(Path(analysis), depth, ckpt.sha256) if analysis is not None else None
-    split = load_split(uncut, data)
+    norm = resolve_normalization(uncut, data, ckpt.data_config, mean, std)
+    split = load_split(uncut, data, eval_data, norm)
     metric = metric or (source_analysis.phase_metric if source_analysis else DEFAULT_PHASE_METRIC)
     if source_analysis is None and (keep is None or strategy == "plateau"):
         source_analysis = analyze(uncut, split.train_x[:images], split.train_y[:images], phase_metric=metric)
@@ -344,11 +387,13 @@ def truncate(
                    "recommendation": recommendation.to_dict() if recommendation else None,
                    "kept_blocks": kept, "dropped_blocks": sorted(set(range(depth)) - set(kept)),
                    "train_last": train_last, "epochs": epochs, "healing_steps": steps,
-                   "lr": lr, "distill": distill, "data": data, "device": device, "seed": seed, "output": str(out),
+                   "lr": lr, "distill": distill, "data": split.data, "weights": ckpt.weights,
+                   "normalization": norm.to_dict(), "device": device, "seed": seed, "output": str(out),
                    "evaluated_on": "test" if search else "validation+test", "search": search})
     metadata = {"kept_blocks": kept, "source_sha256": ckpt.sha256, "source_checkpoint": str(ckpt.path),
                 "source_depth": depth, **{k: result[k] for k in ("strategy", "metric", "phases", "train_last",
-                                                                   "epochs", "distill", "accuracy")}}
+                                                                   "epochs", "distill", "accuracy", "weights",
+                                                                   "normalization", "data")}}
     paths = [save_checkpoint(out, ckpt.arch, model_kwargs, state, metadata, fmt=fmt)]
     if report is not None:
         paths.append(write_json(report, result))

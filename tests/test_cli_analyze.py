@@ -11,12 +11,14 @@ import pytest
 import timm
 import torch
 from click.testing import CliRunner
+from PIL import Image
 from safetensors.torch import save_file
 
 from isiwatch.analysis import Analysis
 from isiwatch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from isiwatch.cli import main
 from isiwatch.depth import recommend_depth
+from isiwatch.offline import analyze_checkpoint, resolve_normalization
 
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=4, num_heads=2)
 
@@ -322,3 +324,89 @@ def test_help_exits_0_and_a_real_usage_error_exits_1(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "isiwatch.cli", "analyze", "--nope"], capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.startswith("Error: No such option '--nope'") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+@pytest.fixture
+def args_ckpt(vit, tmp_path):
+    """A timm train.py checkpoint that records the statistics it trained with (mean 0.5, std 0.25)."""
+    ema = {k: v + 0.01 if v.is_floating_point() else v for k, v in vit.state_dict().items()}
+    args = argparse.Namespace(model="vit_tiny_patch16_224", model_kwargs={"num_heads": 2}, mean=(0.5,), std=(0.25,),
+                              interpolation="bicubic", crop_pct=0.9)
+    path = tmp_path / "checkpoint-3.pth.tar"
+    torch.save({"arch": "vit_tiny_patch16_224", "args": args, "state_dict": vit.state_dict(),
+                "state_dict_ema": ema}, path)
+    return path
+
+
+@pytest.fixture
+def pngs(tmp_path):
+    """12 distinct 28×28 grey PNGs in an ImageFolder tree, and their pixels in [0, 1]."""
+    gen = torch.Generator().manual_seed(1)
+    pixels = torch.randint(0, 256, (12, 28, 28), generator=gen, dtype=torch.uint8)
+    for i, image in enumerate(pixels):
+        (tmp_path / "pngs" / str(i % 3)).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image.numpy()).save(tmp_path / "pngs" / str(i % 3) / f"{i}.png")
+    return tmp_path / "pngs", pixels.float().div(255).unsqueeze(1)
+
+
+@pytest.fixture
+def probed(monkeypatch):
+    """The probe images each analysis runs on."""
+    import isiwatch.offline
+
+    seen = []
+
+    def spy(model, x, *args, **kwargs):
+        seen.append(x)
+        return analyze_fn(model, x, *args, **kwargs)
+
+    analyze_fn = isiwatch.offline.analyze
+    monkeypatch.setattr(isiwatch.offline, "analyze", spy)
+    return seen
+
+
+def same_images(x, expected):
+    """Each image of ``x`` is one of ``expected`` (the folder is read in a shuffled order)."""
+    return len(x) == len(expected) and all((expected - image).abs().amax(dim=(1, 2, 3)).min() < 1e-5 for image in x)
+
+
+@pytest.mark.parametrize("extra, mean, std, source", [
+    ([], 0.5, 0.25, "checkpoint args"),
+    (["--mean", "0.2", "--std", "0.5"], 0.2, 0.5, "--mean/--std"),
+])
+def test_image_folder_is_normalised_as_the_checkpoint_was_trained(args_ckpt, pngs, probed, tmp_path, extra, mean, std,
+                                                                  source):
+    folder, pixels = pngs
+    result = run("analyze", args_ckpt, "--data", folder, "--images", 12, "--out", tmp_path / "o", *extra)
+    assert result.exit_code == 0, result.output
+    model = json.loads((tmp_path / "o" / "analysis.json").read_text())["model"]
+    assert model["normalization"] == {"mean": [mean], "std": [std], "source": source, "interpolation": "bicubic"}
+    assert model["weights"] == "ema"
+    assert same_images(probed[0], (pixels - mean) / std)
+    assert f"weights: EMA (state_dict_ema); normalised with mean {mean:g} std {std:g} ({source})" in result.output
+
+
+def test_without_recorded_statistics_the_source_is_named(vit, pngs, probed, tmp_path):
+    ckpt = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", KWARGS, vit.state_dict())
+    folder, pixels = pngs
+    analysis, _ = analyze_checkpoint(ckpt, data=str(folder), images=12)
+    assert analysis.model["normalization"]["source"] == "mnist"  # one channel: no pretrained_cfg statistics fit
+    assert analysis.model["weights"] == "state_dict"
+    analysis, _ = analyze_checkpoint(ckpt, images=12)
+    assert analysis.model["normalization"] == {"mean": [0.1307], "std": [0.3081], "source": "mnist",
+                                               "interpolation": "bilinear"}
+    rgb = timm.create_model("vit_tiny_patch16_224", pretrained=False, **{**KWARGS, "in_chans": 3})
+    norm = resolve_normalization(rgb, str(folder))
+    assert norm.source == "pretrained_cfg" and norm.mean == tuple(rgb.pretrained_cfg["mean"])
+
+
+def test_mnist_keeps_mnist_statistics_and_no_ema_is_recorded(args_ckpt, tmp_path):
+    result = run("analyze", args_ckpt, "--images", 50, "--out", tmp_path / "o", "--no-ema")
+    assert result.exit_code == 0, result.output
+    model = json.loads((tmp_path / "o" / "analysis.json").read_text())["model"]
+    assert model["normalization"]["source"] == "mnist" and model["weights"] == "state_dict"
+    result = run("analyze", args_ckpt, "--images", 50, "--out", tmp_path / "p", "--mean", "0.5")
+    assert result.exit_code == 1 and "--mean and --std go together" in result.output
+    assert result.output.strip().count("\n") == 0 and not (tmp_path / "p").exists()
+    result = run("analyze", args_ckpt, "--out", tmp_path / "p", "--mean", "0.5,0.4", "--std", "0.2")
+    assert result.exit_code == 1 and "--mean has 2 values but the model takes 1 input channels" in result.output

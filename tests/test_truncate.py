@@ -310,3 +310,66 @@ def test_train_classifier_stops_at_max_steps_and_rejects_unknown_schedules():
     assert train_classifier(model, x, y, epochs=2, batch_size=16) == 8
     with pytest.raises(ValueError, match="unknown schedule"):
         train_classifier(model, x, y, epochs=1, schedule="step")
+
+
+@pytest.fixture(scope="module")
+def layout(folder, tmp_path_factory):
+    """timm train.py's layout: train/ (the 40 noise PNGs) and validation/ (10 more)."""
+    root = tmp_path_factory.mktemp("layout")
+    shutil.copytree(folder, root / "train")
+    gen = torch.Generator().manual_seed(1)
+    for i in range(10):
+        (root / "validation" / str(i)).mkdir(parents=True)
+        pixels = torch.randint(0, 256, (28, 28), generator=gen, dtype=torch.uint8).numpy()
+        Image.fromarray(pixels).save(root / "validation" / str(i) / f"v{i}.png")
+    return root
+
+
+@pytest.fixture
+def args_ckpt(vit, tmp_path):
+    """A timm train.py checkpoint that records the statistics it was trained with."""
+    ema = {k: v + 0.01 if v.is_floating_point() else v for k, v in vit.state_dict().items()}
+    path = tmp_path / "checkpoint-9.pth.tar"
+    args = argparse.Namespace(model=ARCH, model_kwargs={"num_heads": 2}, mean=(0.5,), std=(0.25,))
+    torch.save({"arch": ARCH, "args": args, "state_dict": vit.state_dict(), "state_dict_ema": ema}, path)
+    return path
+
+
+def test_train_validation_layout_heals_on_train_and_evaluates_on_validation(args_ckpt, layout, tmp_path):
+    out, report = tmp_path / "cut.pt", tmp_path / "report.json"
+    result = run("truncate", args_ckpt, "--strategy", "tail", "--keep", 4, "--epochs", 1, "--out", out, "--data",
+                 layout, "--report", report)
+    assert result.exit_code == 0, result.output
+    recorded = json.loads(report.read_text())
+    train, val = str(layout / "train"), str(layout / "validation")
+    assert recorded["data"] == {"heal": {"source": train, "images": 40, "of": 40},
+                                "validation": {"source": val, "images": 5, "of": 10},
+                                "test": {"source": val, "images": 5, "of": 10}}
+    assert recorded["held_out_images"] == 10 and recorded["healing_steps"] == 1  # 40 images: one batch
+    assert recorded["weights"] == "ema"
+    assert recorded["normalization"] == {"mean": [0.5], "std": [0.25], "source": "checkpoint args",
+                                         "interpolation": "bilinear"}
+    meta = torch.load(out, weights_only=True)["isiwatch"]
+    assert meta["weights"] == "ema" and meta["data"] == recorded["data"]
+    assert meta["normalization"] == recorded["normalization"]
+    assert "weights: EMA (state_dict_ema); normalised with mean 0.5 std 0.25 (checkpoint args)" in result.output
+    assert f"heal 40 of 40 in {train}; validation 5 of 10 in {val}" in result.output
+    # the cut keeps the statistics it was healed with
+    assert load_checkpoint(out).data_config == {"mean": (0.5,), "std": (0.25,), "source": "checkpoint metadata",
+                                                "interpolation": "bilinear"}
+
+
+def test_eval_data_separates_healing_from_evaluation(args_ckpt, folder, layout, tmp_path):
+    result = truncate(args_ckpt, tmp_path / "cut.pt", data=str(folder), eval_data=str(layout / "validation"),
+                      strategy="tail", keep=4, epochs=0, prefer_ema=False, mean=(0.2,), std=(0.5,))
+    assert result.report["data"] == {"heal": {"source": str(folder), "images": 40, "of": 40},
+                                     "validation": {"source": str(layout / "validation"), "images": 5, "of": 10},
+                                     "test": {"source": str(layout / "validation"), "images": 5, "of": 10}}
+    assert result.report["weights"] == "state_dict"
+    assert result.report["normalization"]["source"] == "--mean/--std"
+    # one folder alone: 80/20, recorded as parts of the same source
+    model = load_checkpoint(args_ckpt).build()
+    split = load_split(model, str(folder))
+    assert split.data["heal"] == {"source": str(folder), "images": 32, "of": 40}
+    assert split.data["test"] == {"source": str(folder), "images": 4, "of": 40} and len(split.test_y) == 4
+    assert load_split(model, "mnist").data["validation"] == {"source": "mnist", "images": 500, "of": 5000}
