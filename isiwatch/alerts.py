@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
-from .state import checked
+from .state import checked, is_count
 
 logger = logging.getLogger("isiwatch")
 
@@ -63,6 +63,8 @@ class AlertEngine:
         self.run = run
         self.sinks = list(sinks)
         self.active: set[str] = set()
+        #: The record that opened each open episode (its step is where the episode began), when known.
+        self.opened: dict[str, Alert] = {}
 
     def update(self, step: int, conditions: Mapping[str, Condition]) -> list[Alert]:
         """Emit records for episodes that open or close at ``step``."""
@@ -72,9 +74,11 @@ class AlertEngine:
             severity = ALERT_KINDS.get(kind, "info")
             if cond.active and kind not in self.active:
                 self.active.add(kind)
-                records.append(Alert(kind, step, now, self.run, severity, cond.message, dict(cond.data)))
+                self.opened[kind] = Alert(kind, step, now, self.run, severity, cond.message, dict(cond.data))
+                records.append(self.opened[kind])
             elif not cond.active and kind in self.active:
                 self.active.discard(kind)
+                self.opened.pop(kind, None)
                 records.append(Alert(f"{kind}_cleared", step, now, self.run, "info",
                                      f"{kind} cleared" + (f": {cond.message}" if cond.message else ""),
                                      dict(cond.data)))
@@ -90,9 +94,25 @@ class AlertEngine:
                 logger.exception("isiwatch: alert sink %r failed", sink)
 
     def state_dict(self) -> dict:
-        return {"active": sorted(self.active)}
+        return {"active": sorted(self.active),
+                "opened": {kind: {"step": a.step, "time": a.time, "message": a.message, "data": a.data}
+                           for kind, a in sorted(self.opened.items())}}
 
     def load_state_dict(self, state: dict, where: str = "AlertEngine state") -> None:
+        """``opened`` (where each open episode began) is optional: states saved before it existed lack it."""
         kinds = (lambda v: isinstance(v, (list, tuple)) and all(isinstance(k, str) and k in ALERT_KINDS for k in v),
                  f"a list of alert kinds ({', '.join(ALERT_KINDS)})")
-        self.active = set(checked(state, where, active=kinds)["active"])
+        active = set(checked(state, where, active=kinds)["active"])
+        opened = {}
+        if state.get("opened") is not None:
+            episodes = checked(state, where, opened=(
+                lambda v: isinstance(v, dict) and set(v) <= active and all(_episode(e) for e in v.values()),
+                'a dict {kind: {"step", "time", "message", "data"}} over the active kinds'))["opened"]
+            opened = {kind: Alert(kind, e["step"], float(e["time"]), self.run, ALERT_KINDS[kind], e["message"],
+                                  dict(e["data"])) for kind, e in episodes.items()}
+        self.active, self.opened = active, opened
+
+
+def _episode(entry: object) -> bool:
+    return (isinstance(entry, dict) and is_count(entry.get("step")) and isinstance(entry.get("time"), (int, float))
+            and isinstance(entry.get("message"), str) and isinstance(entry.get("data"), dict))

@@ -218,7 +218,8 @@ class Watch:
         if self.tensorboard:
             self.tensorboard.write_sample(sample, self.history)
         if self.prometheus:
-            self.prometheus.write_sample(sample, self.tracker.onset_step, self.alerts.active, self.should_stop)
+            self.prometheus.write_sample(sample, self.tracker.onset_step, self.alerts.active, self.should_stop,
+                                         self.alerts.opened)
         return alerts
 
     def _conditions(self, sample: Sample) -> dict[str, Condition]:
@@ -321,7 +322,7 @@ class Watch:
         # everything is valid: assign
         self.last_step, self.should_stop, self.stop_reason = s["last_step"], s["should_stop"], s["stop_reason"]
         self.tracker, self.stoppers, self.plateau_stopper = tracker, stoppers, plateau_stopper
-        self.alerts.active = alerts.active
+        self.alerts.active, self.alerts.opened = alerts.active, alerts.opened
         self._stall.clear()
         self._stall.extend((float(i), float(loss)) for i, loss in s["isi_stall"])
 

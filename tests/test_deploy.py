@@ -124,6 +124,14 @@ def test_dashboard_has_run_selector_heatmaps_plateau_span_and_alert_annotations(
     heatmap = next(p for p in board["panels"] if p["type"] == "heatmap")
     assert heatmap["repeat"] == "metric" and heatmap["options"]["calculate"] is False
     assert any(p["title"] == "Plateau span" for p in board["panels"])
+    # no value is published as an absent series, never -1 (issue 13 #9): the stat panels show the open
+    # plateau_onset episode's span and step (what IsiwatchPlateauOnset names), "none" when there is none
+    stats = {p["title"]: p for p in board["panels"] if p["type"] == "stat"}
+    onset = [stats["Plateau span at onset (blocks)"], stats["Plateau onset step"]]
+    assert [t["expr"] for p in onset for t in p["targets"]] == [
+        f'max(isiwatch_plateau_onset_{name}{{run="$run"}})' for name in ("start_layer", "end_layer", "step")]
+    assert all(t["instant"] and p["fieldConfig"]["defaults"]["noValue"] for p in onset for t in p["targets"])
+    assert "-1" not in json.dumps(board)
     annotations = [a for a in board["annotations"]["list"] if not a.get("builtIn")]
     assert any("isiwatch_alert_active" in a["expr"] for a in annotations)
     assert any(a["expr"].startswith("ALERTS{") for a in annotations)

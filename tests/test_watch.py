@@ -419,3 +419,68 @@ def test_close_samples_the_last_step_once_and_warns_without_samples(digits, tmp_
         crashed.step(1)
         raise RuntimeError("training failed")
     assert len(crashed.history) == 0  # no final probe pass after an exception
+
+
+def test_prometheus_publishes_open_episodes_not_minus_one(digits):
+    """Issue 13 #9: no plateau in the sample → no plateau span series (not -1); the onset span and each open
+    episode's start step stay published while the episode is open, and survive a resume."""
+    _, _, px, py = digits
+    model = mixing_vit()
+    registry = CollectorRegistry()
+    watch = Watch(model, px, py, every_n_steps=1, plateau_patience=2, registry=registry, run_name="ep")
+    run, nf = {"run": "ep"}, {"run": "ep", "kind": "non_finite"}
+    value = registry.get_sample_value
+    for step, (scale, loss) in enumerate([(0.0, 1.0), (0.0, 1.0), (0.2, float("nan")), (0.2, float("nan"))], 1):
+        set_middle_blocks(model, scale)
+        watch.step(step, loss)
+        if step == 3:  # the plateau is gone from the sample, the plateau_onset episode is still open
+            assert value("isiwatch_plateau_start_layer", run) is None is value("isiwatch_plateau_end_layer", run)
+            assert value("isiwatch_alert_active", {"run": "ep", "kind": "plateau_onset"}) == 1
+            assert (value("isiwatch_plateau_onset_start_layer", run), value("isiwatch_plateau_onset_end_layer", run),
+                    value("isiwatch_plateau_onset_step", run)) == (1, 5, 2)
+    # step 4: the plateau episode closed; non_finite opened at step 3 and is still open
+    assert value("isiwatch_plateau_onset_start_layer", run) is value("isiwatch_plateau_onset_step", run) is None
+    assert value("isiwatch_training_step", run) == 4 and value("isiwatch_alert_start_step", nf) == 3
+    resumed_registry = CollectorRegistry()
+    resumed = Watch(model, px, py, every_n_steps=1, plateau_patience=2, registry=resumed_registry, run_name="ep")
+    resumed.load_state_dict(json.loads(json.dumps(watch.state_dict())))
+    resumed.step(5, float("nan"))
+    assert resumed_registry.get_sample_value("isiwatch_alert_start_step", nf) == 3
+    resumed.step(6, 1.0)  # episode closed: the series goes
+    assert resumed_registry.get_sample_value("isiwatch_alert_start_step", nf) is None
+    old = watch.state_dict()
+    del old["alerts"]["opened"]  # a state saved before episodes kept their start
+    resumed.load_state_dict(old)
+    assert resumed.alerts.active == {"non_finite"} and resumed.alerts.opened == {}
+    watch.close()
+    resumed.close()
+
+
+def plateau_alert_run(px, **kw) -> list:
+    model = mixing_vit()
+    set_middle_blocks(model, 0.0)
+    watch = Watch(model, px, every_n_steps=1, plateau_patience=1, **kw)  # no labels: no [CLS] alert
+    alerts = watch.step(1)
+    watch.close()
+    assert [a.kind for a in alerts] == ["plateau_onset"]  # a warning-level alert
+    return alerts
+
+
+def test_alerts_reach_the_console_only_through_the_callers_code(digits, capsys, monkeypatch):
+    """Issue 13 #19: the library installs no printing handler (a NullHandler), so without the application's
+    logging config an alert is printed once by the caller's own print, not also by logging's last resort."""
+    monkeypatch.setattr(logging.root, "handlers", [])  # a script that never configured logging
+    assert all(isinstance(h, logging.NullHandler) for h in logging.getLogger("isiwatch").handlers)
+    (alert,) = plateau_alert_run(digits[2], alert_callback=lambda a: print(f"[{a.kind}] step {a.step}: {a.message}"))
+    out = capsys.readouterr()
+    assert (out.out + out.err).count(alert.message) == 1
+    (alert,) = plateau_alert_run(digits[2])
+    out = capsys.readouterr()
+    assert alert.message not in out.out + out.err
+
+
+def test_alerts_still_reach_the_users_logging_handlers(digits, caplog):
+    with caplog.at_level(logging.WARNING, logger="isiwatch"):
+        (alert,) = plateau_alert_run(digits[2])
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
+        ("isiwatch", logging.WARNING, f"[plateau_onset] step 1: {alert.message}")]

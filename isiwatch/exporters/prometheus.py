@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, push_to_gateway, start_http_server
@@ -19,7 +20,8 @@ logger = logging.getLogger("isiwatch")
 EXPORTED_NAMES = (
     "isiwatch_layer_metric", "isiwatch_plateau_detected", "isiwatch_plateau_start_layer",
     "isiwatch_plateau_end_layer", "isiwatch_plateau_length_layers", "isiwatch_plateau_onset_step",
-    "isiwatch_alerts_total", "isiwatch_alert_active", "isiwatch_last_sample_timestamp_seconds",
+    "isiwatch_plateau_onset_start_layer", "isiwatch_plateau_onset_end_layer", "isiwatch_alerts_total",
+    "isiwatch_alert_active", "isiwatch_alert_start_step", "isiwatch_last_sample_timestamp_seconds",
     "isiwatch_sample_duration_seconds", "isiwatch_training_step", "isiwatch_training_loss",
     "isiwatch_stop_requested", "isiwatch_recommended_depth",
 )
@@ -27,7 +29,11 @@ EXPORTED_NAMES = (
 
 class PrometheusExporter:
     """Gauges per layer and metric plus plateau, recommended-depth, alert and liveness series, labelled by
-    ``run``."""
+    ``run``.
+
+    A value that does not exist is not published (the series is absent), never a sentinel such as -1: the
+    plateau span while the sample has no plateau, the onset step and span while no ``plateau_onset``
+    episode is open, an alert kind's start step while its episode is closed."""
 
     def __init__(self, run: str, registry: CollectorRegistry | None = None, port: int | None = None,
                  host: str = "127.0.0.1", pushgateway: str | None = None, textfile: str | Path | None = None,
@@ -40,17 +46,28 @@ class PrometheusExporter:
                                   ["run", "layer", "metric"], registry=r)
         self.plateau_detected = Gauge("isiwatch_plateau_detected", "1 if the phase curve has a plateau",
                                       run_label, registry=r)
-        self.plateau_start = Gauge("isiwatch_plateau_start_layer", "First block of the plateau (-1: none)",
-                                   run_label, registry=r)
-        self.plateau_end = Gauge("isiwatch_plateau_end_layer", "Last block of the plateau (-1: none)",
-                                 run_label, registry=r)
+        self.plateau_start = Gauge("isiwatch_plateau_start_layer",
+                                   "First block of the plateau in the last sample (absent: none)", run_label,
+                                   registry=r)
+        self.plateau_end = Gauge("isiwatch_plateau_end_layer",
+                                 "Last block of the plateau in the last sample (absent: none)", run_label,
+                                 registry=r)
         self.plateau_length = Gauge("isiwatch_plateau_length_layers", "Plateau length in blocks",
                                     run_label, registry=r)
-        self.onset_step = Gauge("isiwatch_plateau_onset_step", "Training step of plateau onset (-1: none)",
+        self.onset_step = Gauge("isiwatch_plateau_onset_step",
+                                "Training step of plateau onset (absent: no plateau_onset episode open)",
                                 run_label, registry=r)
+        self.onset_start = Gauge("isiwatch_plateau_onset_start_layer",
+                                 "First block of the plateau the open plateau_onset episode began with",
+                                 run_label, registry=r)
+        self.onset_end = Gauge("isiwatch_plateau_onset_end_layer",
+                               "Last block of the plateau the open plateau_onset episode began with",
+                               run_label, registry=r)
         self.alerts_total = Counter("isiwatch_alerts", "Alert records emitted", ["run", "kind"], registry=r)
         self.alert_active = Gauge("isiwatch_alert_active", "1 while an alert episode is open",
                                   ["run", "kind"], registry=r)
+        self.alert_start = Gauge("isiwatch_alert_start_step", "Training step at which the open episode began",
+                                 ["run", "kind"], registry=r)
         self.last_sample = Gauge("isiwatch_last_sample_timestamp_seconds", "Unix time of the last sample",
                                  run_label, registry=r)
         self.duration = Histogram("isiwatch_sample_duration_seconds", "Probe pass + metrics wall time",
@@ -76,18 +93,24 @@ class PrometheusExporter:
         return self.server.server_address[1] if self.server else None
 
     def write_sample(self, sample: Sample, onset_step: int | None, active_alerts: set[str],
-                     stop_requested: bool) -> None:
+                     stop_requested: bool, opened: Mapping[str, Alert] | None = None) -> None:
+        """``opened``: the record that opened each open episode (:attr:`isiwatch.alerts.AlertEngine.opened`)."""
+        opened = opened or {}
         for metric, values in sample.layers.items():
             for i, v in enumerate(values):
                 self.layer_metric.labels(self.run, f"{i:02d}", metric).set(v)
         ph = sample.phases
         self.plateau_detected.labels(self.run).set(int(ph is not None))
-        self.plateau_start.labels(self.run).set(ph.plateau[0] if ph else -1)
-        self.plateau_end.labels(self.run).set(ph.plateau[1] if ph else -1)
+        _set(self.plateau_start, ph.plateau[0] if ph else None, self.run)
+        _set(self.plateau_end, ph.plateau[1] if ph else None, self.run)
         self.plateau_length.labels(self.run).set(ph.length if ph else 0)
-        self.onset_step.labels(self.run).set(-1 if onset_step is None else onset_step)
+        _set(self.onset_step, onset_step, self.run)
+        span = opened["plateau_onset"].data.get("plateau") if "plateau_onset" in opened else None
+        _set(self.onset_start, span[0] if span else None, self.run)
+        _set(self.onset_end, span[1] if span else None, self.run)
         for kind in ALERT_KINDS:
             self.alert_active.labels(self.run, kind).set(int(kind in active_alerts))
+            _set(self.alert_start, opened[kind].step if kind in opened else None, self.run, kind)
         self.last_sample.labels(self.run).set(sample.time)
         self.duration.labels(self.run).observe(sample.duration_s)
         self.step.labels(self.run).set(sample.step)
@@ -117,3 +140,11 @@ class PrometheusExporter:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+
+
+def _set(gauge: Gauge, value: float | None, *labels: str) -> None:
+    """Set the labelled series, or remove it when there is no value (absent, not a -1 sentinel)."""
+    if value is None:
+        gauge.remove(*labels)
+    else:
+        gauge.labels(*labels).set(value)
