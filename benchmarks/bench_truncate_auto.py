@@ -105,11 +105,11 @@ def run_one(task, seed: int, args, items: Path) -> None:
         if key in done or keep >= args.depth or (strategy == "plateau" and phases is None):
             continue
         if strategy == "recommended":
-            kept = [i for i in range(args.depth) if i not in set(recommendation.blocks_to_drop)]
+            kept = recommendation.kept_blocks
         else:
             kept = choose_blocks(strategy, args.depth, keep, phases=phases, distances=distances, seed=seed)
         cut = cut_vit(model, kept)
-        steps = heal(cut, task.train_x, task.train_y, **{**heal_options, "train_last": default_train_last(keep)})
+        steps = heal(cut, task.train_x, task.train_y, **heal_options)
         row = add_item(items, {"key": key, "task": task.name, "seed": seed, "strategy": strategy, **uncut,
                                "keep": keep, "kept": kept, "test": accuracy(cut, task.test_x, task.test_y),
                                "val": accuracy(cut, task.val_x, task.val_y), "heal_steps": steps})

@@ -70,7 +70,7 @@ class CutSearch:
         self.depth, self.reference, self.max_drop, self.budget = depth, reference, max_drop, budget
         self.blocks_for, self.heal_and_score = blocks_for, heal_and_score
         self.candidates: list[Candidate] = []
-        self.models: dict[tuple[int, ...], object] = {}
+        self.best_model = None  # the healed model of winner(): only one healed model is held at a time
         self._bar = tqdm(total=budget, desc="candidates", disable=not progress, leave=False)
 
     def evaluate(self, strategy: str, kept: list[int]) -> Candidate:
@@ -83,7 +83,8 @@ class CutSearch:
         cut, healed, steps, model = self.heal_and_score(strategy, kept)
         candidate = Candidate(strategy, kept, cut, healed, healed >= self.reference - self.max_drop / 100, steps)
         self.candidates.append(candidate)
-        self.models[tuple(kept)] = model
+        if candidate is self.winner():
+            self.best_model = model
         self._bar.update(1)
         self._bar.set_postfix(K=len(kept), strategy=strategy, acc=f"{healed:.3f}")
         return candidate

@@ -94,6 +94,11 @@ class DepthRecommendation:
     blocks_to_drop: tuple[int, ...]
     source_depth: int
 
+    @property
+    def kept_blocks(self) -> list[int]:
+        """The source blocks kept, ascending."""
+        return sorted(set(range(self.source_depth)) - set(self.blocks_to_drop))
+
     def to_dict(self) -> dict:
         return {"depth": self.depth, "signal": self.signal, "blocks_to_drop": list(self.blocks_to_drop),
                 "source_depth": self.source_depth}

@@ -149,16 +149,17 @@ def default_train_last(keep: int) -> int:
     return math.ceil(keep / 2)
 
 
-def heal(model: nn.Module, images: Tensor, labels: Tensor, *, train_last: int, epochs: int = HEAL_EPOCHS,
+def heal(model: nn.Module, images: Tensor, labels: Tensor, *, train_last: int | None = None, epochs: int = HEAL_EPOCHS,
          lr: float = HEAL_LR, teacher: nn.Module | None = None, seed: int = 0, progress: bool = False,
          amp: bool = False) -> int:
-    """Fine-tune the late blocks, final norm and head of a cut ViT in place; returns optimizer steps.
+    """Fine-tune the late ``train_last`` blocks (default: :func:`default_train_last`), final norm and head of a
+    cut ViT in place; returns optimizer steps.
 
     Everything else is frozen and kept in eval mode (no dropout, drop-path or norm updates there). With
     ``teacher`` the loss adds KL distillation to its logits. ``amp``: bfloat16 autocast on CUDA. The model
     is left in eval mode with every parameter trainable again.
     """
-    params = prepare_healing(model, train_last)
+    params = prepare_healing(model, default_train_last(len(_blocks(model))) if train_last is None else train_last)
     if teacher is not None:
         teacher.eval()
     try:
@@ -370,8 +371,7 @@ def truncate(
                                  "pass --keep K to cut anyway, or use --strategy auto")
         kept = choose_blocks(strategy, depth, keep, phases=phases, distances=distances, seed=seed)
         model = cut_vit(uncut, kept)
-        steps = heal(model, split.train_x, split.train_y, progress=progress,
-                     **{**heal_options, "train_last": default_train_last(keep) if train_last is None else train_last})
+        steps = heal(model, split.train_x, split.train_y, progress=progress, **heal_options)
         search = None
         eval_x, eval_y = split.held_out
     keep, train_last = len(kept), default_train_last(len(kept)) if train_last is None else train_last
@@ -405,7 +405,7 @@ def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation
              progress: bool = False) -> tuple[nn.Module, list[int], dict]:
     """The cheapest qualifying healed cut of ``uncut`` (or a copy of it), its kept blocks and the search record.
 
-    ``heal_options``: keyword arguments of :func:`heal` (``train_last`` None: the late half of each cut).
+    ``heal_options``: keyword arguments of :func:`heal`.
     """
     depth = len(uncut.blocks)
     reference = accuracy(uncut, split.val_x, split.val_y)
@@ -418,20 +418,19 @@ def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation
     def heal_and_score(strategy: str, kept: list[int]):
         model = cut_vit(uncut, kept)
         cut = accuracy(model, split.val_x, split.val_y)
-        train_last = heal_options["train_last"]
-        steps = heal(model, split.train_x, split.train_y, **{
-            **heal_options, "train_last": default_train_last(len(kept)) if train_last is None else train_last})
+        steps = heal(model, split.train_x, split.train_y, **heal_options)
         return cut, accuracy(model, split.val_x, split.val_y), steps, model
 
     search = CutSearch(depth, reference, max_drop, budget, blocks_for, heal_and_score, progress=progress)
-    recommended = [i for i in range(depth) if i not in set(recommendation.blocks_to_drop)]
-    winner = search.run(recommended)
-    models = {f"{c.strategy}/{c.keep}": cut_vit(uncut, c.kept) for c in search.candidates}
-    latency = measure_latency({"uncut": uncut, **models}, split.val_x[:64].to(next(uncut.parameters()).device),
+    winner = search.run(recommendation.kept_blocks)
+    # costs depend only on the number of blocks kept: one cut per depth tried
+    by_keep = {str(k): cut_vit(uncut, list(range(k))) for k in sorted({c.keep for c in search.candidates})}
+    latency = measure_latency({"uncut": uncut, **by_keep}, split.val_x[:64].to(next(uncut.parameters()).device),
                               rounds=LATENCY_ROUNDS)
-    for c, (name, m) in zip(search.candidates, models.items()):
-        c.extra = {"parameters": count_parameters(m), "flops_per_image": forward_flops(m, split.val_x[:1]),
-                   "latency_ms": latency[name], "winner": c is winner}
+    costs = {k: {"parameters": count_parameters(m), "flops_per_image": forward_flops(m, split.val_x[:1]),
+                 "latency_ms": latency[k]} for k, m in by_keep.items()}
+    for c in search.candidates:
+        c.extra = {**costs[str(c.keep)], "winner": c is winner}
     record = {"max_drop": max_drop, "budget": budget, "validation_images": len(split.val_y),
               "test_images": len(split.test_y), "uncut_validation_accuracy": reference,
               "uncut_latency_ms": latency["uncut"], "latency_batch": min(64, len(split.val_x)),
@@ -442,7 +441,7 @@ def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation
                                               "candidates; wrote the uncut model")}
     if winner is None:
         return copy.deepcopy(uncut), list(range(depth)), record
-    return search.models[tuple(winner.kept)], winner.kept, record
+    return search.best_model, winner.kept, record
 
 
 def _report(ckpt, uncut: nn.Module, model: nn.Module, images: Tensor, labels: Tensor, reference: Tensor,
