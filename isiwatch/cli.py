@@ -269,9 +269,10 @@ from .truncate import DEFAULT_STRATEGY, HEAL_EPOCHS, HEAL_LR, STRATEGIES  # noqa
                    "healed cut within --max-drop.")
 @click.option("--keep", type=int, help="Blocks to keep (default: the plateau cut's depth for plateau, the "
                                        "recommended depth for the other fixed strategies).")
-@click.option("--max-drop", type=float, help=f"auto: validation accuracy points a cut may lose [default: "
-                                             f"{DEFAULT_MAX_DROP:g}].")
-@click.option("--budget", type=int, help=f"auto: candidates healed at most [default: {DEFAULT_BUDGET}].")
+@click.option("--max-drop", type=float, default=DEFAULT_MAX_DROP, show_default=True,
+              help="auto: validation accuracy points a cut may lose.")
+@click.option("--budget", type=int, default=DEFAULT_BUDGET, show_default=True,
+              help="auto: candidates healed at most.")
 @click.option("--train-last", type=int, help="Kept blocks to fine-tune, counted from the end (default: half).")
 @click.option("--epochs", type=int, default=HEAL_EPOCHS, show_default=True, help="Healing epochs (0: cut only).")
 @click.option("--lr", type=float, default=HEAL_LR, show_default=True, help="Peak healing learning rate.")
@@ -295,12 +296,12 @@ def truncate(checkpoint, out, analysis, data, eval_data, strategy, keep, max_dro
     fine-tuning its late blocks."""
     from .truncate import candidates_table, report_table, truncate
 
-    if (max_drop is not None or budget is not None) and (strategy or ("auto" if keep is None else "")) != "auto":
+    ctx = click.get_current_context()
+    typed = any(ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE for n in ("max_drop", "budget"))
+    if typed and (strategy or ("auto" if keep is None else "")) != "auto":  # a config file's default is no request
         raise click.UsageError("--max-drop and --budget apply to --strategy auto only")
-    auto = {"max_drop": DEFAULT_MAX_DROP if max_drop is None else max_drop,
-            "budget": DEFAULT_BUDGET if budget is None else budget}
     result = truncate(checkpoint, out, analysis=analysis, data=data, eval_data=eval_data, strategy=strategy,
-                      keep=keep, **auto,
+                      keep=keep, max_drop=max_drop, budget=budget,
                       train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images,
                       fmt=fmt, report=report, arch=arch, num_heads=num_heads, prefer_ema=not no_ema, mean=mean,
                       std=std, device=_device(device), seed=seed, progress=True)

@@ -140,3 +140,13 @@ def test_fixed_strategy_without_keep_cuts_to_the_recommended_depth_instead_of_re
     dropped = set(report["recommendation"]["blocks_to_drop"])
     assert {1, 4, 6} <= dropped and len(report["kept_blocks"]) == 7 - len(dropped)
     assert report["strategy"] == "bi" and report["search"] is None and "(bi)" in result.output
+
+
+def test_a_config_default_for_max_drop_does_not_block_a_fixed_keep(idle_ckpt, tmp_path):
+    config = tmp_path / "isiwatch.yaml"
+    config.write_text("truncate:\n  max_drop: 2.0\n  budget: 3\n")
+    out = tmp_path / "cut.pt"
+    result = CliRunner().invoke(main, ["--config", str(config), "truncate", str(idle_ckpt), "--out", str(out),
+                                       "--keep", "4", "--epochs", "0", "--images", "200"])
+    assert result.exit_code == 0, result.output
+    assert torch.load(out, weights_only=True)["model_kwargs"]["depth"] == 4
