@@ -47,6 +47,10 @@ class ISIWatchCallback(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.slot.open(network(pl_module))
+        # Lightning's automatic optimization hands over the training_step loss divided by the accumulation
+        # factor (ClosureResult, lightning 2.x): the Watch scales it back when it samples, not on every step
+        if pl_module.automatic_optimization:
+            self.watch.loss_scale = float(trainer.accumulate_grad_batches)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -56,12 +60,7 @@ class ISIWatchCallback(pl.Callback):
                            batch_idx: int) -> None:
         if trainer.global_step == self._step_before_batch:
             return  # an accumulating batch: no optimizer step
-        loss = loss_value(outputs)
-        if loss is not None and pl_module.automatic_optimization and trainer.accumulate_grad_batches > 1:
-            # Lightning's automatic optimization hands over the training_step loss divided by the accumulation
-            # factor (ClosureResult, lightning 2.x); record the loss the training_step returned
-            loss = loss * trainer.accumulate_grad_batches
-        self._log(trainer, self.slot.step(trainer.global_step, loss))
+        self._log(trainer, self.slot.step(trainer.global_step, loss_value(outputs)))
         if self.watch.should_stop:
             trainer.should_stop = True
 

@@ -122,6 +122,9 @@ class Watch:
         self.should_stop = False
         self.stop_reason: str | None = None
         self.last_step: int | None = None
+        #: Factor applied to the loss when a sample reads it (a framework that hands over a scaled loss, e.g.
+        #: Lightning's loss divided by gradient accumulation, sets it once instead of rescaling every step).
+        self.loss_scale = 1.0
         self._seen_step: int | None = None  # the last step() call, for the final sample
         self._seen_loss: float | Tensor | None = None
         self._closed = False
@@ -198,8 +201,8 @@ class Watch:
 
     def _sample(self, global_step: int, loss: float | Tensor | None, stopping: bool) -> list[Alert]:
         self.last_step = global_step
-        if isinstance(loss, Tensor):
-            loss = float(loss.detach())
+        if loss is not None:
+            loss = float(loss.detach() if isinstance(loss, Tensor) else loss) * self.loss_scale
         start = time.perf_counter()
         analysis = analyze(self._probe_model, self.probe_images, self.probe_labels,
                            batch_size=self.options.probe_batch_size, with_isi_recon=self.options.with_isi_recon,

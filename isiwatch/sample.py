@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -39,6 +40,12 @@ class Sample:
         return len(next(iter(self.layers.values()))) if self.layers else 0
 
     def series(self) -> dict[str, float]:
+        """Flat named series (see :attr:`_series`), built once per sample: the stopper, TensorBoard and the
+        framework loggers all read it."""
+        return self._series
+
+    @functools.cached_property
+    def _series(self) -> dict[str, float]:
         """Flat named series for early stopping and export: ``<metric>/layer_<ll>``, ``<metric>/last``,
         ``<metric>/mean``, ``plateau/{detected,start,end,length}``, ``recommended_depth`` and ``loss``."""
         out: dict[str, float] = {}

@@ -145,6 +145,9 @@ class PrometheusExporter:
 def _set(gauge: Gauge, value: float | None, *labels: str) -> None:
     """Set the labelled series, or remove it when there is no value (absent, not a -1 sentinel)."""
     if value is None:
-        gauge.remove(*labels)
+        try:
+            gauge.remove(*labels)
+        except KeyError:  # prometheus_client before 0.21 raises for a series that was never set
+            pass
     else:
         gauge.labels(*labels).set(value)
