@@ -24,6 +24,8 @@ def test_sweep_rule_scores_and_auto_truncation_on_two_tiny_depths(tmp_path):
     sweep = json.loads((results / "sweep.json").read_text())
     digits = sweep["tasks"]["digits"]
     assert [p["depth"] for p in digits["per_depth"]] == [1, 2] and digits["needed_depth"] in (1, 2)
+    means = {p["depth"]: p["mean"] for p in digits["per_depth"]}
+    assert digits["needed_depth"] == min(d for d, m in means.items() if m >= max(means.values()) - 0.01)
     assert len(list((results / "analyses").glob("digits_d0*_s0_*.json"))) == 6 and (results / "depth.png").exists()
 
     run("score_depth_rules.py", "--results", results, "--min-depth", 2)
@@ -36,4 +38,8 @@ def test_sweep_rule_scores_and_auto_truncation_on_two_tiny_depths(tmp_path):
     evaluation = json.loads((results / "truncate_auto.json").read_text())
     (auto,) = [r for r in evaluation["rows"] if r["strategy"] == "auto"]
     assert 1 <= auto["keep"] <= 2 and len(auto["candidates"]) <= 2
+    qualifying = [c["keep"] for c in auto["candidates"] if c["qualifies"]]
+    assert auto["keep"] == (min(qualifying) if qualifying else 2)  # the cheapest qualifying cut, else uncut
+    assert all(c["qualifies"] == (c["validation_accuracy"]["healed"] >= auto["uncut_val"] - 0.01)
+               for c in auto["candidates"])
     assert {c["blocks"] for c in evaluation["costs"]} >= {2, auto["keep"]}

@@ -391,6 +391,7 @@ def test_without_recorded_statistics_the_source_is_named(vit, pngs, probed, tmp_
     folder, pixels = pngs
     analysis, _ = analyze_checkpoint(ckpt, data=str(folder), images=12)
     assert analysis.model["normalization"]["source"] == "mnist"  # one channel: no pretrained_cfg statistics fit
+    assert same_images(probed[0], (pixels - 0.1307) / 0.3081)  # and those statistics were applied
     assert analysis.model["weights"] == "state_dict"
     analysis, _ = analyze_checkpoint(ckpt, images=12)
     assert analysis.model["normalization"] == {"mean": [0.1307], "std": [0.3081], "source": "mnist",

@@ -146,8 +146,10 @@ def test_watch_refuses_out_of_range_options_at_construction():
 
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7, in_chans=1,
                               embed_dim=16, depth=2, num_heads=2)
-    for options in ({"history_size": 0}, {"mode": "sideways"}, {"probe_batch_size": -1}):
-        with pytest.raises(ConfigError, match="option"):
+    for options, message in (({"history_size": 0}, "option 'history_size' must be at least 1, got 0"),
+                             ({"mode": "sideways"}, "option 'mode' must be one of min, max"),
+                             ({"probe_batch_size": -1}, "option 'probe_batch_size' must be at least 1, got -1")):
+        with pytest.raises(ConfigError, match=message):
             Watch(model, torch.randn(8, 1, 28, 28), **options)
 
 
