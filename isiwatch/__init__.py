@@ -1,16 +1,38 @@
-"""isiwatch: watch Vision Transformers while they train (ISI, probes, Cliff → Plateau → Climb)."""
+"""isiwatch: watch Vision Transformers while they train (ISI, probes, Cliff → Plateau → Climb).
 
+The public names are imported on first use (PEP 562 module ``__getattr__``): ``import isiwatch`` and the
+command line's start-up stay free of torch, timm and torchvision until a name that needs them is touched.
+"""
+
+from __future__ import annotations
+
+import importlib
 import logging
-
-from .alerts import Alert
-from .analysis import METRICS, Analysis, analyze
-from .friction import friction_alert
-from .monitor import Watch
-from .phases import Phases, detect_phases
-from .specialize import specialize
-from .taps import TapError, custom_parts, vit_parts
+import sys
+import types
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+#: Public name → the submodule that defines it.
+_EXPORTS = {
+    "METRICS": "analysis", "Analysis": "analysis", "analyze": "analysis",
+    "Alert": "alerts",
+    "friction_alert": "friction",
+    "Watch": "monitor",
+    "Phases": "phases", "detect_phases": "phases",
+    "specialize": "specialize",
+    "TapError": "taps", "custom_parts": "taps", "vit_parts": "taps",
+}
+
+if TYPE_CHECKING:
+    from .alerts import Alert
+    from .analysis import METRICS, Analysis, analyze
+    from .friction import friction_alert
+    from .monitor import Watch
+    from .phases import Phases, detect_phases
+    from .specialize import specialize
+    from .taps import TapError, custom_parts, vit_parts
 
 # A library prints nothing unasked: without the application's own logging config, records of the "isiwatch"
 # logger (alerts included) go nowhere instead of to logging's last-resort stderr handler.
@@ -18,3 +40,30 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = ["METRICS", "Alert", "Analysis", "Phases", "TapError", "Watch", "__version__", "analyze", "custom_parts",
            "detect_phases", "friction_alert", "specialize", "vit_parts"]
+
+
+def __getattr__(name: str):
+    """Import the submodule that defines ``name`` on first access and cache the value in this module."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+class _Package(types.ModuleType):
+    """The import system binds every loaded submodule as an attribute of its package; ``isiwatch.specialize`` is
+    the function, not its submodule of the same name, however the two are imported."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

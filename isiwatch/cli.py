@@ -249,8 +249,14 @@ def report(run_dir, out) -> None:
 
 # --- truncate command (issue 6) goes here ---
 
-from .cut_search import DEFAULT_BUDGET, DEFAULT_MAX_DROP  # noqa: E402  (option defaults)
-from .truncate import DEFAULT_STRATEGY, HEAL_EPOCHS, HEAL_LR, STRATEGIES  # noqa: E402
+from .cut_search import (  # noqa: E402  (option defaults, from a module free of torch and timm)
+    DEFAULT_BUDGET,
+    DEFAULT_MAX_DROP,
+    DEFAULT_STRATEGY,
+    HEAL_EPOCHS,
+    HEAL_LR,
+    STRATEGIES,
+)
 
 
 @main.command()

@@ -17,11 +17,20 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
+#: Every fixed cut strategy (``isiwatch.truncate`` implements them; they live here, in a module free of timm, so
+#: the command line can offer them without importing it).
+STRATEGIES = ("plateau", "tail", "bi", "angular", "random")
+#: Chosen from the evaluation in ``benchmarks/RESULTS.md``: block influence had the highest mean healed accuracy
+#: over all paired comparisons (ahead of ``tail`` by less than the noise); the plateau cut lost to both.
+DEFAULT_STRATEGY = "bi"
 #: Strategies tried at each K, in order (plateau only where the curve has one).
 AUTO_STRATEGIES = ("bi", "angular", "tail", "plateau")
 #: Defaults: accuracy loss allowed (points) and candidates healed at most.
 DEFAULT_MAX_DROP = 1.0
 DEFAULT_BUDGET = 16
+#: Healing defaults: a short fine-tune of already trained weights.
+HEAL_EPOCHS = 2
+HEAL_LR = 1e-3
 
 
 @dataclass
