@@ -110,7 +110,7 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "min_layers": _at_least(2), "plateau_patience": _at_least(1), "probe_batch_size": _at_least(1),
     "history_size": _at_least(1), "heatmap_every": _at_least(1), "isi_stall_window": _at_least(2),
     "isi_stall_min_rise": _finite, "isi_stall_min_loss_drop": _finite, "norm_friction_threshold": _finite,
-    "mode": _one_of(("min", "max")), "min_delta": _finite, "patience": _at_least(1), "warmup": _at_least(0),
+    "mode": _one_of(("min", "max")), "min_delta": _finite, "patience": _at_least(0), "warmup": _at_least(0),
     "stopping_threshold": _finite, "divergence_threshold": _finite,
 }
 

@@ -1,4 +1,5 @@
-"""Early-stopping policies, with the option names of Lightning's ``EarlyStopping``.
+"""Early-stopping policies. :class:`EarlyStopping` applies the rule of Lightning's ``EarlyStopping``
+(``_evaluate_stopping_criteria``) to one value per sampling step; :class:`PlateauStopping` is isiwatch's own.
 
 Each policy sees one value (or sample) per sampling step and returns the reason to stop, or None.
 """
@@ -14,10 +15,32 @@ from .state import COUNT, NUMBER, checked, is_number, is_span, optional
 class EarlyStopping:
     """Stop when ``monitor`` stops improving, crosses a threshold, diverges or turns non-finite.
 
-    ``mode``: "min" or "max". ``min_delta``: smallest change that counts as an improvement (absolute).
-    ``patience``: samples without improvement before stopping. ``warmup``: samples ignored at the start.
-    ``stopping_threshold``: stop as soon as the value is better than this. ``divergence_threshold``: stop
-    as soon as it is worse than this. ``check_finite``: stop on NaN/Inf.
+    The rule is Lightning 2.6's ``EarlyStopping._evaluate_stopping_criteria``, checked in this order:
+
+    1. ``check_finite`` and the value is NaN or ±inf: stop.
+    2. ``stopping_threshold`` set and the value is better than it (``<`` in mode "min", ``>`` in "max"): stop.
+    3. ``divergence_threshold`` set and the value is worse than it: stop.
+    4. The value beats ``best`` by more than ``min_delta`` (mode "min": ``value + min_delta < best``;
+       "max": ``value - min_delta > best``): it becomes ``best`` and the wait restarts.
+    5. Otherwise the wait grows by one; stop once it reaches ``patience`` (so ``patience=0`` stops at the
+       first value that is not an improvement).
+
+    As in Lightning, ``min_delta`` keeps its sign (a negative one lets values up to ``|min_delta|`` worse
+    than ``best`` count as improvements), and with ``check_finite=False`` a non-finite value goes through
+    the same comparisons: NaN compares false everywhere, so it counts as no improvement; in mode "min"
+    ``+inf`` trips ``divergence_threshold`` (else counts as no improvement) and ``-inf`` trips
+    ``stopping_threshold`` or becomes ``best`` (mode "max": the mirror image). ``load_state_dict``
+    restores ``best``, the wait and ``patience`` (Lightning restores the saved patience too).
+
+    Deliberate differences from Lightning:
+
+    - ``warmup`` is isiwatch's own option, not Lightning's: the first ``warmup`` values are ignored
+      entirely (no finiteness check, no threshold, no wait). Lightning has no such option.
+    - A missing value (``None``: the monitored series does not exist in this sample, e.g.
+      ``plateau/length`` while there is no plateau) is skipped, as Lightning does with ``strict=False``;
+      a monitor that is no series at all is refused when the Watch is built, not at the first check.
+    - Values are compared as Python floats (float64); Lightning compares the logged tensor (often
+      float32), so values within float32 rounding of ``best`` or a threshold can be decided differently.
     """
 
     def __init__(self, monitor: str, mode: str = "min", min_delta: float = 0.0, patience: int = 3,
@@ -25,7 +48,7 @@ class EarlyStopping:
                  divergence_threshold: float | None = None):
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        self.monitor, self.mode, self.min_delta = monitor, mode, abs(min_delta)
+        self.monitor, self.mode, self.min_delta = monitor, mode, float(min_delta)
         self.patience, self.warmup, self.check_finite = patience, warmup, check_finite
         self.stopping_threshold, self.divergence_threshold = stopping_threshold, divergence_threshold
         self.best = math.inf if mode == "min" else -math.inf
@@ -41,8 +64,8 @@ class EarlyStopping:
         self.seen += 1
         if self.seen <= self.warmup:
             return None
-        if not math.isfinite(value):
-            return f"{self.monitor} = {value} is not finite" if self.check_finite else None
+        if self.check_finite and not math.isfinite(value):
+            return f"{self.monitor} = {value} is not finite"
         if self.stopping_threshold is not None and self._better(value, self.stopping_threshold):
             return f"{self.monitor} = {value:.4g} reached the stopping threshold {self.stopping_threshold}"
         if self.divergence_threshold is not None and self._better(self.divergence_threshold, value):
@@ -57,11 +80,17 @@ class EarlyStopping:
         return None
 
     def state_dict(self) -> dict:
-        return {"best": self.best, "wait": self.wait, "seen": self.seen}
+        return {"best": self.best, "wait": self.wait, "seen": self.seen, "patience": self.patience}
 
     def load_state_dict(self, state: dict, where: str = "EarlyStopping state") -> None:
-        s = checked(state, where, best=NUMBER, wait=COUNT, seen=COUNT)
+        """Restore :meth:`state_dict`'s output. ``patience`` comes from the state, as in Lightning; a state
+        saved before isiwatch recorded it keeps this instance's patience."""
+        checks = {"best": NUMBER, "wait": COUNT, "seen": COUNT}
+        if isinstance(state, dict) and "patience" in state:
+            checks["patience"] = COUNT
+        s = checked(state, where, **checks)
         self.best, self.wait, self.seen = float(s["best"]), s["wait"], s["seen"]
+        self.patience = s.get("patience", self.patience)
 
 
 class PlateauStopping:
