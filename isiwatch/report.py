@@ -21,7 +21,7 @@ from .analysis import Analysis
 from .files import atomic_files, atomic_write
 from .plots import plot_curves, plot_heatmaps, plot_plateau_timeline
 from .tables import analysis_rows, recommendation_text
-from .truncate import report_rows
+from .truncate_report import report_rows
 
 HEATMAP_METRICS = ("isi", "token_similarity", "probe_cls", "probe_patch_mean")
 

@@ -31,24 +31,30 @@ from torch import Tensor, nn
 
 from .analysis import DEFAULT_PHASE_METRIC, Analysis, analyze
 from .block_scores import BoundaryDistances, angular_distance, block_influence, boundary_distances
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .cost import count_parameters, forward_flops, measure_latency
-from .cut_search import DEFAULT_BUDGET, DEFAULT_MAX_DROP, CutSearch, check_search_options
+from .cut_search import (
+    DEFAULT_BUDGET,
+    DEFAULT_MAX_DROP,
+    DEFAULT_STRATEGY,
+    HEAL_EPOCHS,
+    HEAL_LR,
+    STRATEGIES,
+    CutSearch,
+    check_search_options,
+)
 from .data import DIGITS_TRAIN, DataError, Normalization, embedded_digits, fit_to_model, renormalize
 from .depth import DepthRecommendation, recommend_depth
 from .files import write_json
 from .offline import probe_images, resolve_normalization
 from .phases import Phases
-from .tables import format_table
 from .training import accuracy, predict, train_classifier
+from .truncate_report import candidates_table, measure, report_table
 
-STRATEGIES = ("plateau", "tail", "bi", "angular", "random")
-#: Chosen from the evaluation in ``benchmarks/RESULTS.md``: block influence had the highest mean healed accuracy
-#: over all paired comparisons (ahead of ``tail`` by less than the noise); the plateau cut lost to both.
-DEFAULT_STRATEGY = "bi"
-#: Healing defaults: a short fine-tune of already trained weights.
-HEAL_EPOCHS = 2
-HEAL_LR = 1e-3
+__all__ = ["STRATEGIES", "Execution", "Split", "TruncateRequest", "TruncateResult", "TruncationPlan",
+           "auto_cut", "candidates_table", "choose_blocks", "cut_vit", "execute", "heal", "load_split", "plan",
+           "report", "report_table", "truncate", "write"]
+
 #: Modules after the blocks that healing always trains (those the model has).
 HEAD_MODULES = ("norm", "fc_norm", "attn_pool", "head_drop", "head", "head_dist")
 #: Share of an ImageFolder held out (halved into validation and test).
@@ -276,6 +282,184 @@ def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]
 
 
 @dataclass
+class TruncateRequest:
+    """Everything ``truncate`` was asked to do, checked on construction before any file is read.
+
+    Fields are :func:`truncate`'s parameters. ``strategy`` None becomes ``auto`` without ``keep`` and
+    :data:`DEFAULT_STRATEGY` with it; an impossible combination raises ``ValueError`` in one line.
+    """
+
+    checkpoint: Path
+    out: Path
+    analysis: Path | None = None
+    data: str = "mnist"
+    eval_data: str | None = None
+    strategy: str | None = None
+    keep: int | None = None
+    max_drop: float = DEFAULT_MAX_DROP
+    budget: int = DEFAULT_BUDGET
+    train_last: int | None = None
+    epochs: int = HEAL_EPOCHS
+    lr: float = HEAL_LR
+    distill: bool = False
+    metric: str | None = None
+    images: int = 1000
+    fmt: str = "pt"
+    report: Path | None = None
+    arch: str | None = None
+    num_heads: int | None = None
+    prefer_ema: bool = True
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    device: str = "cpu"
+    seed: int = 0
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        self.checkpoint, self.out = Path(self.checkpoint), Path(self.out)
+        self.analysis = None if self.analysis is None else Path(self.analysis)
+        self.report = None if self.report is None else Path(self.report)
+        self.strategy = self.strategy or ("auto" if self.keep is None else DEFAULT_STRATEGY)
+        if self.strategy not in ("auto", *STRATEGIES):
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of auto, {', '.join(STRATEGIES)}")
+        if self.strategy == "auto" and self.keep is not None:
+            raise ValueError("--keep fixes the depth; it cannot be combined with --strategy auto")
+        check_search_options(self.max_drop, self.budget)
+        if self.fmt not in ("pt", "safetensors"):
+            raise ValueError(f"unknown format {self.fmt!r} (use 'pt' or 'safetensors')")
+        if self.epochs < 0 or self.images < 4:
+            raise ValueError(f"epochs must be at least 0 and images at least 4, got {self.epochs} and {self.images}")
+        _check_paths({"checkpoint": self.checkpoint, "--analysis": self.analysis},
+                     {"--out": self.out, "--report": self.report})
+
+
+@dataclass
+class TruncationPlan:
+    """What :func:`execute` will do, with everything it needs loaded: the uncut model, the images, the phases,
+    the depth recommendation and the boundary distances the strategy reads. ``kept`` is the fixed strategy's
+    cut (None for ``auto``, which searches)."""
+
+    request: TruncateRequest
+    checkpoint: Checkpoint
+    uncut: nn.Module
+    split: Split
+    normalization: Normalization
+    metric: str
+    phases: Phases | None
+    recommendation: DepthRecommendation | None
+    distances: BoundaryDistances | None
+    kept: list[int] | None
+
+    @property
+    def depth(self) -> int:
+        return len(_blocks(self.uncut))
+
+    @property
+    def heal_options(self) -> dict:
+        """Keyword arguments of :func:`heal` for every cut of this plan."""
+        r = self.request
+        return {"epochs": r.epochs, "lr": r.lr, "teacher": self.uncut if r.distill else None, "seed": r.seed,
+                "amp": r.device.startswith("cuda"), "train_last": r.train_last}
+
+
+def plan(request: TruncateRequest) -> TruncationPlan:
+    """Load the checkpoint and the images, analyse the uncut model where the strategy needs it and, for a fixed
+    strategy, choose the blocks to keep. Refuses (``ValueError``) before any cut or healing."""
+    r = request
+    ckpt = load_checkpoint(r.checkpoint, arch=r.arch, num_heads=r.num_heads, prefer_ema=r.prefer_ema)
+    uncut = ckpt.build().to(r.device).eval()
+    depth = len(_blocks(uncut))
+    if r.keep is not None and not 1 <= r.keep < depth:
+        raise ValueError(f"--keep must be between 1 and {depth - 1} for this {depth}-block model, got {r.keep}")
+    source_analysis = _read_analysis(r.analysis, depth, ckpt.sha256) if r.analysis is not None else None
+    norm = resolve_normalization(uncut, r.data, ckpt.data_config, r.mean, r.std)
+    split = load_split(uncut, r.data, r.eval_data, norm)
+    metric = r.metric or (source_analysis.phase_metric if source_analysis else DEFAULT_PHASE_METRIC)
+    if source_analysis is None and (r.keep is None or r.strategy == "plateau"):
+        source_analysis = analyze(uncut, split.train_x[:r.images], split.train_y[:r.images], phase_metric=metric)
+    phases = _phases(source_analysis, metric) if source_analysis is not None else None
+    recommendation = recommend_depth(source_analysis, r.max_drop / 100) if source_analysis is not None else None
+    distances = (boundary_distances(uncut, split.train_x[:r.images]) if r.strategy in ("auto", "bi", "angular")
+                 else None)
+    kept = None
+    if r.strategy != "auto":
+        if r.strategy == "plateau" and phases is None:
+            raise ValueError(f"no plateau in the {metric} curve of {r.checkpoint}; "
+                             "pass --keep K or use --strategy auto, tail, bi, angular or random")
+        keep = r.keep
+        if keep is None:
+            keep = plateau_keep(phases, depth) if r.strategy == "plateau" else recommendation.depth
+            if keep >= depth:
+                raise ValueError(f"the analysis recommends keeping all {depth} blocks ({recommendation.signal}); "
+                                 "pass --keep K to cut anyway, or use --strategy auto")
+        kept = choose_blocks(r.strategy, depth, keep, phases=phases, distances=distances, seed=r.seed)
+    return TruncationPlan(r, ckpt, uncut, split, norm, metric, phases, recommendation, distances, kept)
+
+
+@dataclass
+class Execution:
+    """The healed cut: its kept source blocks, healing steps, the ``auto`` search record (None for a fixed
+    strategy) and the images its accuracy is reported on (test for ``auto``, validation+test otherwise)."""
+
+    model: nn.Module
+    kept: list[int]
+    healing_steps: int
+    search: dict | None
+    eval_x: Tensor
+    eval_y: Tensor
+
+
+def execute(plan: TruncationPlan) -> Execution:
+    """Cut and heal: the planned blocks, or the ``auto`` search (:func:`auto_cut`)."""
+    r, split = plan.request, plan.split
+    if plan.kept is None:
+        model, kept, search = auto_cut(plan.uncut, split, plan.recommendation, plan.phases, plan.distances,
+                                       r.max_drop, r.budget, r.seed, plan.heal_options, r.progress)
+        steps = search["winner"]["healing_steps"] if search["winner"] else 0
+        return Execution(model, kept, steps, search, split.test_x, split.test_y)
+    model = cut_vit(plan.uncut, plan.kept)
+    steps = heal(model, split.train_x, split.train_y, progress=r.progress, **plan.heal_options)
+    return Execution(model, plan.kept, steps, None, *split.held_out)
+
+
+def report(plan: TruncationPlan, execution: Execution) -> dict:
+    """The report dict: costs and held-out accuracies of the uncut, cut and healed models
+    (:func:`~isiwatch.truncate_report.measure`) and every choice made on the way."""
+    r, kept, search, depth = plan.request, execution.kept, execution.search, plan.depth
+    x = execution.eval_x
+    reference, after = predict(plan.uncut, x), predict(execution.model, x)
+    before = predict(cut_vit(plan.uncut, kept), x) if len(kept) < depth else reference
+    result = measure(plan.checkpoint, plan.uncut, execution.model, x, execution.eval_y, reference, before, after)
+    result.update({"strategy": r.strategy if search is None else f"auto: {search['winner_strategy']}",
+                   "metric": plan.metric, "phases": plan.phases.to_dict() if plan.phases else None,
+                   "recommendation": plan.recommendation.to_dict() if plan.recommendation else None,
+                   "kept_blocks": kept, "dropped_blocks": sorted(set(range(depth)) - set(kept)),
+                   "train_last": default_train_last(len(kept)) if r.train_last is None else r.train_last,
+                   "epochs": r.epochs, "healing_steps": execution.healing_steps,
+                   "lr": r.lr, "distill": r.distill, "data": plan.split.data, "weights": plan.checkpoint.weights,
+                   "normalization": plan.normalization.to_dict(), "device": r.device, "seed": r.seed,
+                   "output": str(r.out), "evaluated_on": "test" if search else "validation+test", "search": search})
+    return result
+
+
+def write(plan: TruncationPlan, execution: Execution, result: dict) -> list[Path]:
+    """Write the healed model (checked first to load strictly into ``timm.create_model``) with its provenance
+    metadata, and the report when one was requested; returns the written paths."""
+    r, ckpt = plan.request, plan.checkpoint
+    model_kwargs = {**ckpt.model_kwargs, "depth": len(execution.kept)}
+    state = {k: v.detach().cpu() for k, v in execution.model.state_dict().items()}
+    timm.create_model(ckpt.arch, pretrained=False, **model_kwargs).load_state_dict(state, strict=True)
+    metadata = {"kept_blocks": execution.kept, "source_sha256": ckpt.sha256, "source_checkpoint": str(ckpt.path),
+                "source_depth": plan.depth, **{k: result[k] for k in ("strategy", "metric", "phases", "train_last",
+                                                                        "epochs", "distill", "accuracy", "weights",
+                                                                        "normalization", "data")}}
+    paths = [save_checkpoint(r.out, ckpt.arch, model_kwargs, state, metadata, fmt=r.fmt)]
+    if r.report is not None:
+        paths.append(write_json(r.report, result))
+    return paths
+
+
+@dataclass
 class TruncateResult:
     """The truncated model, the report dict (also written as JSON with ``report=``) and the written paths."""
 
@@ -284,35 +468,9 @@ class TruncateResult:
     paths: list[Path]
 
 
-def truncate(
-    checkpoint: str | Path,
-    out: str | Path,
-    *,
-    analysis: str | Path | None = None,
-    data: str = "mnist",
-    eval_data: str | None = None,
-    strategy: str | None = None,
-    keep: int | None = None,
-    max_drop: float = DEFAULT_MAX_DROP,
-    budget: int = DEFAULT_BUDGET,
-    train_last: int | None = None,
-    epochs: int = HEAL_EPOCHS,
-    lr: float = HEAL_LR,
-    distill: bool = False,
-    metric: str | None = None,
-    images: int = 1000,
-    fmt: str = "pt",
-    report: str | Path | None = None,
-    arch: str | None = None,
-    num_heads: int | None = None,
-    prefer_ema: bool = True,
-    mean: tuple[float, ...] | None = None,
-    std: tuple[float, ...] | None = None,
-    device: str = "cpu",
-    seed: int = 0,
-    progress: bool = False,
-) -> TruncateResult:
-    """Cut ``checkpoint`` down, heal it on ``data`` and write it to ``out``.
+def truncate(checkpoint: str | Path, out: str | Path, **options) -> TruncateResult:
+    """Cut ``checkpoint`` down, heal it on ``data`` and write it to ``out``: :class:`TruncateRequest` (checks the
+    options), :func:`plan`, :func:`execute`, :func:`report`, :func:`write`.
 
     ``strategy="auto"`` (the default without ``keep``) searches for the cheapest healed cut whose
     validation accuracy is at most ``max_drop`` points below the uncut model's, healing at most ``budget``
@@ -322,82 +480,14 @@ def truncate(
     from ``analysis`` or an analysis of ``images`` healing images). ``train_last`` defaults to the late
     half of the kept blocks; ``epochs`` of healing (0: cut only). ``eval_data`` (or ``data``'s own
     ``train/``+``validation/`` layout) separates healing from evaluation images (:func:`load_split`); images are
-    normalised with ``mean``/``std``, else as the checkpoint records (:func:`~isiwatch.offline.resolve_normalization`).
+    normalised with ``mean``/``std``, else as the checkpoint records (:func:`~isiwatch.data.resolve_normalization`).
     The report and the output's metadata record the images, the normalisation and the weights (EMA or not)
     used. The input file is never written; outputs are written atomically, only after everything succeeded.
     """
-    checkpoint, out = Path(checkpoint), Path(out)
-    strategy = strategy or ("auto" if keep is None else DEFAULT_STRATEGY)
-    if strategy not in ("auto", *STRATEGIES):
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of auto, {', '.join(STRATEGIES)}")
-    if strategy == "auto" and keep is not None:
-        raise ValueError("--keep fixes the depth; it cannot be combined with --strategy auto")
-    check_search_options(max_drop, budget)
-    if fmt not in ("pt", "safetensors"):
-        raise ValueError(f"unknown format {fmt!r} (use 'pt' or 'safetensors')")
-    if epochs < 0 or images < 4:
-        raise ValueError(f"epochs must be at least 0 and images at least 4, got {epochs} and {images}")
-    _check_paths({"checkpoint": checkpoint, "--analysis": analysis}, {"--out": out, "--report": report})
-    ckpt = load_checkpoint(checkpoint, arch=arch, num_heads=num_heads, prefer_ema=prefer_ema)
-    uncut = ckpt.build().to(device).eval()
-    depth = len(_blocks(uncut))
-    if keep is not None and not 1 <= keep < depth:
-        raise ValueError(f"--keep must be between 1 and {depth - 1} for this {depth}-block model, got {keep}")
-    source_analysis = _read_analysis(Path(analysis), depth, ckpt.sha256) if analysis is not None else None
-    norm = resolve_normalization(uncut, data, ckpt.data_config, mean, std)
-    split = load_split(uncut, data, eval_data, norm)
-    metric = metric or (source_analysis.phase_metric if source_analysis else DEFAULT_PHASE_METRIC)
-    if source_analysis is None and (keep is None or strategy == "plateau"):
-        source_analysis = analyze(uncut, split.train_x[:images], split.train_y[:images], phase_metric=metric)
-    phases = _phases(source_analysis, metric) if source_analysis is not None else None
-    recommendation = recommend_depth(source_analysis, max_drop / 100) if source_analysis is not None else None
-    distances = (boundary_distances(uncut, split.train_x[:images]) if strategy in ("auto", "bi", "angular") else None)
-    heal_options = {"epochs": epochs, "lr": lr, "teacher": uncut if distill else None, "seed": seed,
-                    "amp": device.startswith("cuda"), "train_last": train_last}
-
-    if strategy == "auto":
-        model, kept, search = auto_cut(uncut, split, recommendation, phases, distances, max_drop, budget, seed,
-                                        heal_options, progress)
-        steps = search["winner"]["healing_steps"] if search["winner"] else 0
-        eval_x, eval_y = split.test_x, split.test_y
-    else:
-        if strategy == "plateau" and phases is None:
-            raise ValueError(f"no plateau in the {metric} curve of {checkpoint}; "
-                             "pass --keep K or use --strategy auto, tail, bi, angular or random")
-        if keep is None:
-            keep = plateau_keep(phases, depth) if strategy == "plateau" else recommendation.depth
-            if keep >= depth:
-                raise ValueError(f"the analysis recommends keeping all {depth} blocks ({recommendation.signal}); "
-                                 "pass --keep K to cut anyway, or use --strategy auto")
-        kept = choose_blocks(strategy, depth, keep, phases=phases, distances=distances, seed=seed)
-        model = cut_vit(uncut, kept)
-        steps = heal(model, split.train_x, split.train_y, progress=progress, **heal_options)
-        search = None
-        eval_x, eval_y = split.held_out
-    keep, train_last = len(kept), default_train_last(len(kept)) if train_last is None else train_last
-    reference, after = predict(uncut, eval_x), predict(model, eval_x)
-    before = predict(cut_vit(uncut, kept), eval_x) if keep < depth else reference
-
-    model_kwargs = {**ckpt.model_kwargs, "depth": keep}
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    timm.create_model(ckpt.arch, pretrained=False, **model_kwargs).load_state_dict(state, strict=True)
-    result = _report(ckpt, uncut, model, eval_x, eval_y, reference, before, after)
-    result.update({"strategy": strategy if search is None else f"auto: {search['winner_strategy']}",
-                   "metric": metric, "phases": phases.to_dict() if phases else None,
-                   "recommendation": recommendation.to_dict() if recommendation else None,
-                   "kept_blocks": kept, "dropped_blocks": sorted(set(range(depth)) - set(kept)),
-                   "train_last": train_last, "epochs": epochs, "healing_steps": steps,
-                   "lr": lr, "distill": distill, "data": split.data, "weights": ckpt.weights,
-                   "normalization": norm.to_dict(), "device": device, "seed": seed, "output": str(out),
-                   "evaluated_on": "test" if search else "validation+test", "search": search})
-    metadata = {"kept_blocks": kept, "source_sha256": ckpt.sha256, "source_checkpoint": str(ckpt.path),
-                "source_depth": depth, **{k: result[k] for k in ("strategy", "metric", "phases", "train_last",
-                                                                   "epochs", "distill", "accuracy", "weights",
-                                                                   "normalization", "data")}}
-    paths = [save_checkpoint(out, ckpt.arch, model_kwargs, state, metadata, fmt=fmt)]
-    if report is not None:
-        paths.append(write_json(report, result))
-    return TruncateResult(model, result, paths)
+    planned = plan(TruncateRequest(Path(checkpoint), Path(out), **options))
+    execution = execute(planned)
+    result = report(planned, execution)
+    return TruncateResult(execution.model, result, write(planned, execution, result))
 
 
 def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation, phases: Phases | None,
@@ -442,51 +532,3 @@ def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation
     if winner is None:
         return copy.deepcopy(uncut), list(range(depth)), record
     return search.best_model, winner.kept, record
-
-
-def _report(ckpt, uncut: nn.Module, model: nn.Module, images: Tensor, labels: Tensor, reference: Tensor,
-            before: Tensor, after: Tensor) -> dict:
-    """Costs (parameters, FLOPs per image, median latency of a batch) and held-out accuracies."""
-    batch = images[:64].to(next(uncut.parameters()).device)
-    latency = measure_latency({"uncut": uncut, "truncated": model}, batch)
-    cost = {name: {"blocks": len(m.blocks), "parameters": count_parameters(m),
-                   "flops_per_image": forward_flops(m, batch[:1]), "latency_ms": latency[name]}
-            for name, m in (("uncut", uncut), ("truncated", model))}
-    return {"source": {"checkpoint": str(ckpt.path), "sha256": ckpt.sha256, "arch": ckpt.arch},
-            "held_out_images": len(labels), "latency_batch": len(batch), "cost": cost,
-            "accuracy": {name: float((p == labels).float().mean())
-                         for name, p in (("uncut", reference), ("cut", before), ("healed", after))},
-            "agreement": {name: float((p == reference).float().mean()) for name, p in (("cut", before),
-                                                                                     ("healed", after))}}
-
-
-def report_rows(report: dict) -> tuple[list[str], list[list]]:
-    """Before/after header and rows: blocks, parameters, FLOPs, latency, held-out accuracy, agreement."""
-    cost, acc, agree = report["cost"], report["accuracy"], report["agreement"]
-    header = ["model", "blocks", "params", "MFLOPs/img", f"latency ms/{report['latency_batch']}", "accuracy",
-              "agreement"]
-    rows = []
-    for name, kind in (("uncut", "uncut"), ("cut", "truncated"), ("healed", "truncated")):
-        c = cost[kind]
-        rows.append([name, c["blocks"], c["parameters"], c["flops_per_image"] / 1e6, c["latency_ms"], acc[name],
-                     agree.get(name, 1.0)])
-    return header, rows
-
-
-def candidates_table(report: dict) -> str:
-    """Every cut ``auto`` tried, with validation accuracies, costs and the winner marked."""
-    search = report["search"]
-    header = ["strategy", "blocks", "kept", "val cut", "val healed", "params", "MFLOPs/img",
-              f"latency ms/{search['latency_batch']}", ""]
-    rows = [[c["strategy"], c["keep"], ",".join(map(str, c["kept_blocks"])), c["validation_accuracy"]["cut"],
-             c["validation_accuracy"]["healed"], c["parameters"], c["flops_per_image"] / 1e6, c["latency_ms"],
-             "winner" if c["winner"] else ("ok" if c["qualifies"] else "")] for c in search["candidates"]]
-    points = f"{search['max_drop']:g} point{'' if search['max_drop'] == 1 else 's'}"
-    return (f"uncut validation accuracy {search['uncut_validation_accuracy']:.3f}; a cut qualifies within "
-            f"{points}\n{format_table(header, rows)}")
-
-
-def report_table(report: dict) -> str:
-    """The before/after table as text, with the kept blocks and the strategy."""
-    kept = ", ".join(map(str, report["kept_blocks"]))
-    return f"{format_table(*report_rows(report))}\nkept blocks {kept} ({report['strategy']})"
