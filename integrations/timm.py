@@ -8,8 +8,10 @@ hook counts updates and samples, a forward hook on the task reads the loss, and 
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import copy
+import os
 import random
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -23,6 +25,22 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from isiwatch.monitor import Watch
+
+#: Where the Watch state sits in the optimizer's state dict (``checkpoint["optimizer"][STATE_KEY]``).
+STATE_KEY = "isiwatch"
+
+
+def saved_watch_state(path: str | os.PathLike) -> dict | None:
+    """The Watch state a train.py checkpoint carries (:class:`TrainScriptWatch`), or None when it has none (a
+    checkpoint written without isiwatch). Loaded with ``weights_only=True`` (train.py's ``args`` Namespace
+    allowed, as timm does) and memory-mapped, so the tensors are not read."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # not a zip-format file: mmap is impossible
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    optimizer = checkpoint.get("optimizer") if isinstance(checkpoint, dict) else None
+    return optimizer.get(STATE_KEY) if isinstance(optimizer, dict) else None
 
 
 class StopTraining(KeyboardInterrupt):
@@ -90,16 +108,32 @@ class TrainScriptWatch:
     (``start_epoch * updates_per_epoch``), so sampling steps continue the run's numbering. Optimizer steps
     that a ``GradScaler`` skips (non-finite gradients) are not counted. Closes itself when it stops the run
     and at interpreter exit; closing samples the last update if it was not sampled (``Watch.close``).
+
+    The Watch state (run name, alert episodes, onset tracking, early stopping) rides in the optimizer's state
+    dict under :data:`STATE_KEY`, so every checkpoint train.py's ``CheckpointSaver`` writes carries it, and
+    ``resume`` (train.py's ``args.resume``: a checkpoint path, or empty) restores it: the resumed run keeps its
+    name and its open episodes. (train.py restores the optimizer before the patch runs, so the state is read
+    from the file, ``weights_only``.)
     """
 
     def __init__(self, task: nn.Module, optimizer: torch.optim.Optimizer, probe_images: Tensor,
-                 probe_labels: Tensor | None = None, *, start_step: int = 0, **watch_options: Any):
+                 probe_labels: Tensor | None = None, *, start_step: int = 0, resume: str | os.PathLike | None = None,
+                 **watch_options: Any):
         model = task.get_trainable_module() if hasattr(task, "get_trainable_module") else task
         self.watch = Watch(model, probe_images, probe_labels, **watch_options)
+        if resume:
+            state = saved_watch_state(resume)
+            if state is not None:
+                self.watch.load_state_dict(state)
         self.num_updates = start_step
         self._loss = LossTap(task)
         self._step_hook = optimizer.register_step_post_hook(self._after_step)
+        self._state_hook = optimizer.register_state_dict_post_hook(self._add_state)
         atexit.register(self.close)
+
+    def _add_state(self, _optimizer: torch.optim.Optimizer, state: dict) -> dict:
+        state[STATE_KEY] = self.watch.state_dict()
+        return state
 
     def _after_step(self, _optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         self.num_updates += 1
@@ -112,5 +146,6 @@ class TrainScriptWatch:
         """Remove the hooks and close the Watch's exporters (idempotent)."""
         atexit.unregister(self.close)
         self._step_hook.remove()
+        self._state_hook.remove()
         self._loss.remove()
         self.watch.close()

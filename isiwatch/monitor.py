@@ -114,6 +114,8 @@ class Watch:
         #: Every series a sample of this model can hold: what ``monitor`` may name.
         self.series_names = frozenset(series_names(metrics, self._parts.depth))
         self._check_series(probe_labels is not None)
+        #: The run's name in every export; without ``run_name`` a random one, replaced by the saved run's name
+        #: on ``load_state_dict``, so a resumed run stays one run.
         self.run = opts.run_name or f"run-{uuid.uuid4().hex[:8]}"
         self.rank = torch.distributed.get_rank() if _distributed() else 0
         self.history: deque[Sample] = deque(maxlen=opts.history_size)
@@ -293,7 +295,7 @@ class Watch:
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Everything needed to resume alerts, onset tracking and early stopping (not the history)."""
-        return {"version": 1, "last_step": self.last_step, "should_stop": self.should_stop,
+        return {"version": 1, "run": self.run, "last_step": self.last_step, "should_stop": self.should_stop,
                 "stop_reason": self.stop_reason, "tracker": self.tracker.state_dict(),
                 "alerts": self.alerts.state_dict(), "stoppers": [s.state_dict() for s in self.stoppers],
                 "plateau_stopper": self.plateau_stopper.state_dict() if self.plateau_stopper else None,
@@ -314,8 +316,12 @@ class Watch:
                               f"a list of {len(self.stoppers)} early-stopping states (this Watch's monitor)"),
                     isi_stall=(lambda v: isinstance(v, (list, tuple)) and all(_stall_entry(p) for p in v),
                                "a list of [mean ISI, loss] pairs"))
+        run = state.get("run", self.run)  # absent in states saved before isiwatch recorded it
+        if not isinstance(run, str) or not run:
+            raise ValueError(f"invalid Watch state: 'run' must be a non-empty string, got {run!r}")
+        run = self.options.run_name or run  # an explicit run_name wins over the saved one
         tracker, stoppers, plateau_stopper = self._new_policies()
-        alerts = AlertEngine(self.run)
+        alerts = AlertEngine(run)
         tracker.load_state_dict(s["tracker"], "Watch state['tracker']")
         alerts.load_state_dict(s["alerts"], "Watch state['alerts']")
         for i, (stopper, sub) in enumerate(zip(stoppers, s["stoppers"])):
@@ -323,11 +329,21 @@ class Watch:
         if plateau_stopper is not None and s["plateau_stopper"] is not None:
             plateau_stopper.load_state_dict(s["plateau_stopper"], "Watch state['plateau_stopper']")
         # everything is valid: assign
+        self._rename(run)
         self.last_step, self.should_stop, self.stop_reason = s["last_step"], s["should_stop"], s["stop_reason"]
         self.tracker, self.stoppers, self.plateau_stopper = tracker, stoppers, plateau_stopper
         self.alerts.active, self.alerts.opened = alerts.active, alerts.opened
         self._stall.clear()
         self._stall.extend((float(i), float(loss)) for i, loss in s["isi_stall"])
+
+    def _rename(self, run: str) -> None:
+        if run == self.run:
+            return
+        self.run = self.alerts.run = run
+        if self.jsonl:
+            self.jsonl.run = run
+        if self.prometheus:
+            self.prometheus.rename(run)
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self, *, final_sample: bool = True) -> None:

@@ -16,7 +16,7 @@ from timm.data import Mixup, create_dataset, create_loader
 from timm.loss import SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
-from timm.task import ClassificationTask
+from timm.task import ClassificationTask, resume_task_checkpoint
 from timm.utils import CheckpointSaver
 
 from isiwatch.data import MNIST_MEAN, MNIST_STD
@@ -60,8 +60,9 @@ def train_one_epoch(epoch, task, loader_train, optimizer, lr_scheduler, mixup_fn
     return num_updates
 
 
-def main(root, out, **watch_options):
-    """train.py's ``main`` with the two-line isiwatch patch; returns the updates done and the saver."""
+def main(root, out, num_epochs=3, resume="", **watch_options):
+    """train.py's ``main`` with the two-line isiwatch patch (``resume``: train.py's ``--resume``); returns the
+    updates done, the saver, the TrainScriptWatch and the task."""
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7, in_chans=1,
                               num_classes=10, embed_dim=32, depth=3, num_heads=2)
@@ -70,16 +71,19 @@ def main(root, out, **watch_options):
     task = ClassificationTask(model, criterion=SoftTargetCrossEntropy(), device=torch.device("cpu"), verbose=False)
     task.setup_ema(decay=0.9)
     optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
-    lr_scheduler, num_epochs = create_scheduler_v2(optimizer, sched="cosine", num_epochs=3,
+    lr_scheduler, num_epochs = create_scheduler_v2(optimizer, sched="cosine", num_epochs=num_epochs,
                                                    updates_per_epoch=len(loader_train))
+    resume_epoch = resume_task_checkpoint(task, resume, optimizer=optimizer) if resume else None
     output_dir = str(out)
     saver = CheckpointSaver(model, optimizer, checkpoint_dir=output_dir, recovery_dir=output_dir, task=task)
-    start_epoch, num_updates, updates_per_epoch = 0, 0, len(loader_train)
+    start_epoch, updates_per_epoch = resume_epoch or 0, len(loader_train)
+    num_updates = start_epoch * updates_per_epoch
 
     # the two-line patch of the README (Integrations), with a 48-image probe batch
     from isiwatch.integrations.timm import TrainScriptWatch, probe_batch
     isiwatch_run = TrainScriptWatch(task, optimizer, *probe_batch(loader_eval, 48),
-                                    start_step=start_epoch * updates_per_epoch, log_dir=output_dir, **watch_options)
+                                    start_step=start_epoch * updates_per_epoch, resume=resume, log_dir=output_dir,
+                                    **watch_options)
 
     try:
         for epoch in range(start_epoch, num_epochs):
@@ -110,6 +114,30 @@ def test_isiwatch_stop_ends_the_train_script_mid_epoch(image_folders, tmp_path):
     assert run.watch.should_stop and run.watch.tensorboard is None  # closed itself
     records = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert [(r["kind"], r["step"]) for r in records if r["kind"] == "early_stop"] == [("early_stop", 4)]
+
+
+def test_a_resumed_train_script_run_keeps_its_name_and_alert_episodes(image_folders, tmp_path):
+    """train.py saves, a new process resumes with --resume: one run, the open episode is not raised again."""
+    options = {"every_n_steps": 2, "norm_friction_threshold": -2.0}  # always above: one episode, opened at once
+    _, saver, first, _ = main(image_folders, tmp_path / "a", num_epochs=2, **options)
+    first.close()
+    last = tmp_path / "a" / "last.pth.tar"
+    assert [epoch for _, epoch in saver.checkpoint_files] == [1, 0] and last.exists()
+    saved = torch.load(last, weights_only=False)["optimizer"]["isiwatch"]
+    assert saved["run"] == first.watch.run and "norm_friction_high" in saved["alerts"]["active"]
+
+    num_updates, _, second, _ = main(image_folders, tmp_path / "b", num_epochs=3, resume=str(last), **options)
+    second.close()
+    assert num_updates == 9 and second.watch.run == first.watch.run  # a fresh Watch would draw a new name
+    runs, steps = set(), []
+    for log in (tmp_path / "a", tmp_path / "b"):
+        records = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+        runs |= {r["run"] for r in records}
+        steps += [r["step"] for r in records]
+    assert runs == {first.watch.run} and steps == [2, 4, 6, 8, 9]  # 9: the final sample, at close
+    opened = [json.loads(line) for line in (tmp_path / "b" / "alerts.jsonl").read_text().splitlines()]
+    assert [a["kind"] for a in opened] == []  # the episode carried over: no second norm_friction_high
+    assert second.watch.alerts.opened["norm_friction_high"].step == 2
 
 
 def rng_states():

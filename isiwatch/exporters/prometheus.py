@@ -121,6 +121,18 @@ class PrometheusExporter:
             self.recommended_depth.labels(self.run).set(sample.recommendation.depth)
         self.publish()
 
+    def rename(self, run: str) -> None:
+        """Publish under ``run`` from now on (a resumed run's name); series already published under the old
+        name are removed, so one run never shows as two."""
+        if run == self.run:
+            return
+        for metric in (self.layer_metric, self.plateau_detected, self.plateau_start, self.plateau_end,
+                       self.plateau_length, self.onset_step, self.onset_start, self.onset_end, self.alerts_total,
+                       self.alert_active, self.alert_start, self.last_sample, self.duration, self.step, self.loss,
+                       self.stop, self.recommended_depth):
+            metric.clear()
+        self.run = run
+
     def write_alert(self, alert: Alert) -> None:
         self.alerts_total.labels(self.run, alert.kind).inc()
 

@@ -1,0 +1,84 @@
+"""A resumed run keeps its identity: the Watch state carries the run name, so metrics.jsonl, alerts and the
+Prometheus ``run`` label show one run across a save (torch.save, weights_only load) and a resume."""
+
+import json
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+from test_watch import digits, tiny_vit, train  # noqa: F401  (digits: fixture)
+
+from isiwatch import Watch
+
+
+def run_labels(registry: CollectorRegistry) -> set[str]:
+    return {s.labels["run"] for m in registry.collect() for s in m.samples if "run" in s.labels}
+
+
+def saved_and_loaded(watch: Watch, path) -> dict:
+    torch.save({"watch": watch.state_dict()}, path)
+    return torch.load(path, weights_only=True)["watch"]
+
+
+def test_resumed_watch_keeps_the_saved_run_name_everywhere(digits, tmp_path):  # noqa: F811
+    x, y, px, py = digits
+    model = tiny_vit()
+    first = Watch(model, px[:32], py[:32], every_n_steps=2, log_dir=tmp_path, norm_friction_threshold=-2.0)
+    train(model, x, y, 4, first)
+    first.close()
+    state = saved_and_loaded(first, tmp_path / "ckpt.pt")
+
+    registry = CollectorRegistry()
+    second = Watch(model, px[:32], py[:32], every_n_steps=2, log_dir=tmp_path, registry=registry,
+                   norm_friction_threshold=-2.0)
+    assert second.run != first.run  # a fresh default name, until the state arrives
+    second.load_state_dict(state)
+    assert second.run == first.run
+    second.step(6, 1.0)
+    second.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["run"], r["step"]) for r in records] == [(first.run, 2), (first.run, 4), (first.run, 6)]
+    alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["kind"], a["run"]) for a in alerts] == [("norm_friction_high", first.run)]  # not raised again
+    assert run_labels(registry) == {first.run}
+    assert second.alerts.opened["norm_friction_high"].run == first.run
+
+
+def test_prometheus_series_published_before_the_resume_move_to_the_saved_name(digits, tmp_path):  # noqa: F811
+    x, y, px, py = digits
+    model = tiny_vit()
+    first = Watch(model, px[:32], py[:32], every_n_steps=1)
+    first.sample(1)
+    registry = CollectorRegistry()
+    second = Watch(model, px[:32], py[:32], every_n_steps=1, registry=registry)
+    second.sample(1)
+    second.load_state_dict(saved_and_loaded(first, tmp_path / "ckpt.pt"))
+    assert run_labels(registry) == set()  # the other name's series are gone, the saved name has none yet
+    second.sample(2)
+    assert run_labels(registry) == {first.run}
+
+
+def test_an_explicit_run_name_wins_and_old_states_without_a_name_load(digits):  # noqa: F811
+    x, y, px, py = digits
+    model = tiny_vit()
+    first = Watch(model, px[:32], py[:32], every_n_steps=1)
+    first.sample(1)
+    named = Watch(model, px[:32], py[:32], every_n_steps=1, run_name="mine")
+    named.load_state_dict(first.state_dict())
+    assert named.run == "mine" and named.alerts.run == "mine" and named.last_step == 1
+    old = {k: v for k, v in first.state_dict().items() if k != "run"}  # saved before the name was recorded
+    fresh = Watch(model, px[:32], py[:32], every_n_steps=1)
+    name = fresh.run
+    fresh.load_state_dict(old)
+    assert fresh.run == name and fresh.last_step == 1
+
+
+@pytest.mark.parametrize("run", [3, "", None, ["a"]])
+def test_a_bad_run_name_in_the_state_is_refused_and_changes_nothing(digits, run):  # noqa: F811
+    x, y, px, py = digits
+    watch = Watch(tiny_vit(), px[:32], py[:32], every_n_steps=1)
+    state, name = watch.state_dict(), watch.run
+    state["run"], state["last_step"] = run, 7
+    with pytest.raises(ValueError, match="'run' must be a non-empty string"):
+        watch.load_state_dict(state)
+    assert watch.run == name and watch.last_step is None
