@@ -24,6 +24,7 @@ import isiwatch
 from isiwatch.checkpoint import load_checkpoint
 from isiwatch.data import DIGITS_TRAIN, embedded_digits
 from isiwatch.probes import probe_accuracy, split_indices
+from isiwatch.threads import add_threads_argument, set_torch_threads
 from isiwatch.training import make_digits_vit, train_classifier
 
 
@@ -145,10 +146,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="demo checkpoint (default: train the demo model, 10 epochs)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads_argument(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, timm {timm.__version__}, {args.threads} threads")
+    threads = set_torch_threads(args.threads)
+    print(f"torch {torch.__version__}, timm {timm.__version__}, {threads} threads")
 
     images, labels = embedded_digits()
     if args.checkpoint:

@@ -42,6 +42,7 @@ from isiwatch.analysis import analyze  # noqa: E402
 from isiwatch.block_scores import boundary_distances  # noqa: E402
 from isiwatch.cost import count_parameters, forward_flops  # noqa: E402
 from isiwatch.files import write_json  # noqa: E402
+from isiwatch.threads import add_threads_argument, set_torch_threads
 from isiwatch.training import accuracy, make_digits_vit, train_classifier  # noqa: E402
 
 BATCH, LR = 128, 3e-3
@@ -205,10 +206,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--work", type=Path, default=Path("/tmp/isiwatch-bench-depth"))
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: run one process per task)")
+    add_threads_argument(parser)  # pass 1 when running one process per task
     parser.add_argument("--summarize-only", action="store_true")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     items_path = args.work / "items.jsonl"
     start = time.perf_counter()

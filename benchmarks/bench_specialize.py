@@ -38,6 +38,7 @@ from isiwatch import analyze
 from isiwatch.data import DIGITS_TRAIN, MNIST_MEAN, MNIST_STD, embedded_digits
 from isiwatch.ridge import accuracy_score, fit_ridge
 from isiwatch.specialize import parameter_overhead, specialize
+from isiwatch.threads import add_threads_argument, set_torch_threads
 from isiwatch.training import accuracy, make_digits_vit, train_classifier
 
 VARIANTS = {
@@ -185,8 +186,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--depth", type=int, default=6)
     parser.add_argument("--out", help="Write the raw results as JSON here.")
+    add_threads_argument(parser)
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    set_torch_threads(args.threads)
     kwargs = {"depth": args.depth}
 
     images, labels = embedded_digits()

@@ -36,6 +36,7 @@ from isiwatch.block_scores import boundary_distances
 from isiwatch.cost import count_flops, count_parameters, forward_flops, measure_latency
 from isiwatch.data import DIGITS_TRAIN, embedded_digits
 from isiwatch.phases import Phases
+from isiwatch.threads import add_threads_argument, set_torch_threads
 from isiwatch.training import accuracy, make_digits_vit, predict, train_classifier
 from isiwatch.truncate import (
     HEAL_EPOCHS,
@@ -243,11 +244,9 @@ def main() -> None:
                         help="depths of the from-scratch baseline ('auto': the plateau cut's depth)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/isiwatch-bench-truncate"))
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("bench_truncate_results.json"))
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads; 1 because on a shared, oversubscribed 2-core machine two threads "
-                             "spin-wait (measured 100× slower forwards under load)")
+    add_threads_argument(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    threads = set_torch_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     images, labels = embedded_digits()
     data = images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN], images[DIGITS_TRAIN:], labels[DIGITS_TRAIN:]
@@ -264,7 +263,7 @@ def main() -> None:
     lines += [f"| {r['blocks']} | {r['parameters']:,} | {r['flops_per_image'] / 1e6:.2f} | "
               f"{r['latency_ms_b64']:.1f} | {r['latency_ms_b1']:.2f} |" for r in cost_rows]
     minutes = (time.perf_counter() - start) / 60
-    lines.append(f"\n(run: {minutes:.1f} min this invocation, torch threads {args.threads}, "
+    lines.append(f"\n(run: {minutes:.1f} min this invocation, torch threads {threads}, "
                  f"heal {HEAL_EPOCHS} epochs at lr {HEAL_LR}, base {args.epochs} epochs batch {BASE_BATCH})")
     print("\n".join(lines))
     args.out.write_text(json.dumps({**summary, "costs": cost_rows, "args": {k: str(v) for k, v in vars(args).items()},

@@ -43,6 +43,7 @@ from isiwatch.cost import count_parameters, forward_flops, measure_latency  # no
 from isiwatch.cut_search import DEFAULT_BUDGET, DEFAULT_MAX_DROP  # noqa: E402
 from isiwatch.depth import recommend_depth  # noqa: E402
 from isiwatch.files import write_json  # noqa: E402
+from isiwatch.threads import add_threads_argument, set_torch_threads  # noqa: E402
 from isiwatch.training import accuracy, train_classifier  # noqa: E402
 from isiwatch.truncate import (  # noqa: E402
     HEAL_EPOCHS,
@@ -222,11 +223,11 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET)
     parser.add_argument("--work", type=Path, default=Path("/tmp/isiwatch-bench-depth"))
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--threads", type=int, default=1)
+    add_threads_argument(parser)
     parser.add_argument("--costs", action="store_true", help="measure latency and write the summary")
     parser.add_argument("--latency-rounds", type=int, default=30)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    threads = set_torch_threads(args.threads)
     items = args.work / "truncate_auto_items.jsonl"
     if not args.costs:
         for name in args.tasks:
@@ -240,7 +241,7 @@ def main() -> None:
     lines += ["| task | blocks | params | MFLOPs/img | latency ms b64 | latency ms b1 |", "|---|---|---|---|---|---|"]
     lines += [f"| {c['task']} | {c['blocks']} | {c['parameters']:,} | {c['flops_per_image'] / 1e6:.2f} | "
               f"{c['latency_ms_b64']:.2f} | {c['latency_ms_b1']:.3f} |" for c in cost_rows]
-    lines.append(f"\n(latency: torch threads {args.threads}, {args.latency_rounds} interleaved rounds)")
+    lines.append(f"\n(latency: torch threads {threads}, {args.latency_rounds} interleaved rounds)")
     print("\n".join(lines))
     write_json(args.results / "truncate_auto.json", {"summary": summary, "rows": rows, "costs": cost_rows,
                                                      "markdown": lines,

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from isiwatch import Watch
 from isiwatch.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.threads import add_threads_argument, set_torch_threads
 from isiwatch.training import make_digits_vit
 
 
@@ -46,12 +47,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="training steps per round and arm")
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--probe-images", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads_argument(parser)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model", default="digits", choices=["digits", "vit_base"],
                         help="digits: the demo ViT on 28×28 digits; vit_base: ViT-B/16 at 224 px (GPU)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    threads = set_torch_threads(args.threads)
     images, labels = embedded_digits()
     if args.model == "vit_base":
         import timm
@@ -69,7 +70,7 @@ def main() -> None:
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (plain_model, watched_model)]
     watch = Watch(watched_model, probe_x.to(args.device), probe_y.to(args.device), every_n_steps=args.every,
                   registry=CollectorRegistry(), run_name="bench")
-    print(f"device {args.device}, torch {torch.__version__}, {args.threads} threads, model {args.model}, "
+    print(f"device {args.device}, torch {torch.__version__}, {threads} threads, model {args.model}, "
           f"every_n_steps={args.every}, {args.probe_images} probe images")
     plain_times, watched_times = [], []
     step = 1

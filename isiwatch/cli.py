@@ -230,7 +230,9 @@ def analyze(checkpoint, arch, num_heads, data, images, out, metric, isi_recon, b
 def demo(out, quick, watch_config, prometheus_port, device) -> None:
     """Train a ViT on the embedded MNIST digits with Watch, analyse it, truncate it, write a report."""
     from .demo import run_demo
+    from .threads import set_torch_threads
 
+    click.echo(f"torch threads: {set_torch_threads()} (the idle cores now; OMP_NUM_THREADS overrides)")
     run_demo(out, quick=quick, device=_device(device), config=watch_config, prometheus_port=prometheus_port,
              echo=click.echo)
 
