@@ -1,4 +1,10 @@
-"""Alert records and the episode logic that emits each alert once (SPEC §5).
+"""Alerts: the rules that decide each alert kind's condition at a sample, and the episode logic that emits
+each alert once.
+
+Rules (:class:`AlertRules`): ``non_finite`` (a non-finite value in any curve or the loss), ``plateau_onset``
+(the plateau tracker's onset), ``isi_stall`` (mean ISI rose by less than a relative ``min_rise`` over a window of
+samples while the loss fell by more than a relative ``min_loss_drop``), ``cls_marginalized`` (the [CLS] probe
+below the mean-patch probe at the last block) and ``norm_friction_high`` (:mod:`isiwatch.friction`).
 
 A condition that becomes true opens an episode and emits one :class:`Alert`; while it stays true nothing
 more is emitted; when it goes away a ``<kind>_cleared`` record closes the episode. Sinks receive every
@@ -8,11 +14,19 @@ record; a failing sink is logged and never interrupts training.
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
+from .friction import friction_alert
 from .state import checked, is_count
+
+if TYPE_CHECKING:
+    from .phases import PlateauTracker
+    from .sample import Sample
 
 logger = logging.getLogger("isiwatch")
 
@@ -48,6 +62,80 @@ class Condition:
 
 
 AlertSink = Callable[[Alert], None]
+
+
+def non_finite(sample: Sample) -> Condition:
+    """Any non-finite value in a curve or the loss (the series are named)."""
+    bad = sorted(m for m, vals in sample.layers.items() if not all(math.isfinite(v) for v in vals))
+    if sample.loss is not None and not math.isfinite(sample.loss):
+        bad.append("loss")
+    return Condition(bool(bad), f"non-finite values in {', '.join(bad)}", {"series": bad})
+
+
+def plateau_onset(sample: Sample, tracker: PlateauTracker, metric: str) -> Condition:
+    """Plateau onset as ``tracker`` (already updated with ``sample``) decides it, with the sample's span."""
+    ph = sample.phases
+    return Condition(tracker.active,
+                     f"plateau over blocks {ph.plateau[0]}–{ph.plateau[1]} of {metric}" if ph else "plateau gone",
+                     {"plateau": list(ph.plateau) if ph else None, "onset_step": tracker.onset_step, "metric": metric})
+
+
+def cls_marginalized(sample: Sample) -> Condition | None:
+    """The [CLS] probe below the mean-patch probe at the last block; None without both probes."""
+    layers = sample.layers
+    if "probe_cls" not in layers or "probe_patch_mean" not in layers:
+        return None
+    cls_acc, patch_acc = layers["probe_cls"][-1], layers["probe_patch_mean"][-1]
+    return Condition(cls_acc < patch_acc,
+                     f"[CLS] probe {cls_acc:.3f} vs mean-patch probe {patch_acc:.3f} at the last block",
+                     {"probe_cls": cls_acc, "probe_patch_mean": patch_acc})
+
+
+def norm_friction_high(sample: Sample, threshold: float | None) -> Condition | None:
+    """:func:`~isiwatch.friction.friction_alert` as a condition; None without a threshold or a friction curve."""
+    if threshold is None or "norm_friction" not in sample.layers:
+        return None
+    found = friction_alert(sample.layers, threshold)
+    return Condition(found is not None, found["message"] if found else "", found["data"] if found else {})
+
+
+class AlertRules:
+    """Every alert rule of a Watch, with the one piece of history a rule keeps: ``stall``, the (mean ISI, loss)
+    pairs of the last ``isi_stall_window`` samples with both finite."""
+
+    def __init__(self, phase_metric: str, isi_stall_window: int, isi_stall_min_rise: float,
+                 isi_stall_min_loss_drop: float, norm_friction_threshold: float | None = None):
+        self.phase_metric = phase_metric
+        self.min_rise, self.min_loss_drop = isi_stall_min_rise, isi_stall_min_loss_drop
+        self.norm_friction_threshold = norm_friction_threshold
+        self.stall: deque[tuple[float, float]] = deque(maxlen=isi_stall_window)
+
+    def conditions(self, sample: Sample, tracker: PlateauTracker) -> dict[str, Condition]:
+        """The condition of every alert kind that applies to ``sample`` (``tracker`` already updated with it)."""
+        conditions = {"non_finite": non_finite(sample),
+                      "plateau_onset": plateau_onset(sample, tracker, self.phase_metric),
+                      "isi_stall": self.isi_stall(sample)}
+        for kind, condition in (("cls_marginalized", cls_marginalized(sample)),
+                                ("norm_friction_high", norm_friction_high(sample, self.norm_friction_threshold))):
+            if condition is not None:
+                conditions[kind] = condition
+        return conditions
+
+    def isi_stall(self, sample: Sample) -> Condition:
+        """Adds the sample's mean ISI and loss to :attr:`stall`; active when the window is full, mean ISI rose by
+        at most ``min_rise`` (relative) and the loss fell by at least ``min_loss_drop`` (relative)."""
+        isi = sample.layers.get("isi")
+        if isi is None or sample.loss is None or not all(math.isfinite(v) for v in [*isi, sample.loss]):
+            return Condition(False)
+        self.stall.append((sum(isi) / len(isi), sample.loss))
+        if len(self.stall) < (self.stall.maxlen or 0):
+            return Condition(False)
+        (isi0, loss0), (isi1, loss1) = self.stall[0], self.stall[-1]
+        stalled = isi1 - isi0 <= self.min_rise * abs(isi0)
+        falling = loss0 - loss1 >= self.min_loss_drop * abs(loss0)
+        return Condition(stalled and falling,
+                         f"mean ISI {isi0:.4f} → {isi1:.4f} over {len(self.stall)} samples while loss "
+                         f"{loss0:.4f} → {loss1:.4f}", {"isi": [isi0, isi1], "loss": [loss0, loss1]})
 
 
 def log_sink(alert: Alert) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import math
 import time
 import uuid
 from collections import deque
@@ -19,12 +18,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .alerts import Alert, AlertEngine, Condition, log_sink
+from .alerts import Alert, AlertEngine, AlertRules, log_sink
 from .analysis import METRICS, analyze, tracked_metrics, untracked_reason
 from .config import build_options
 from .depth import recommend_depth
 from .exporters import JsonlExporter, PrometheusExporter, TensorBoardExporter
-from .friction import friction_alert
 from .phases import PlateauTracker
 from .sample import PLATEAU_SERIES, Sample, series_names
 from .state import PRESENT, checked, is_count, is_number, optional
@@ -120,7 +118,8 @@ class Watch:
         self.rank = torch.distributed.get_rank() if _distributed() else 0
         self.history: deque[Sample] = deque(maxlen=opts.history_size)
         self.tracker, self.stoppers, self.plateau_stopper = self._new_policies()
-        self._stall: deque[tuple[float, float]] = deque(maxlen=opts.isi_stall_window)
+        self.rules = AlertRules(opts.phase_metric, opts.isi_stall_window, opts.isi_stall_min_rise,
+                                opts.isi_stall_min_loss_drop, opts.norm_friction_threshold)
         self.should_stop = False
         self.stop_reason: str | None = None
         self.last_step: int | None = None
@@ -215,7 +214,7 @@ class Watch:
                         time.perf_counter() - start, loss, recommendation)
         self.history.append(sample)
         self.tracker.update(global_step, sample.phases)
-        alerts = self.alerts.update(global_step, self._conditions(sample))
+        alerts = self.alerts.update(global_step, self.rules.conditions(sample, self.tracker))
         if stopping:
             self._update_stopping(sample)
         if self.jsonl:
@@ -226,47 +225,6 @@ class Watch:
             self.prometheus.write_sample(sample, self.tracker.onset_step, self.alerts.active, self.should_stop,
                                          self.alerts.opened)
         return alerts
-
-    def _conditions(self, sample: Sample) -> dict[str, Condition]:
-        layers, ph = sample.layers, sample.phases
-        bad = sorted(m for m, vals in layers.items() if not all(math.isfinite(v) for v in vals))
-        if sample.loss is not None and not math.isfinite(sample.loss):
-            bad.append("loss")
-        conditions = {
-            "non_finite": Condition(bool(bad), f"non-finite values in {', '.join(bad)}", {"series": bad}),
-            "plateau_onset": Condition(
-                self.tracker.active,
-                f"plateau over blocks {ph.plateau[0]}–{ph.plateau[1]} of {self.options.phase_metric}" if ph
-                else "plateau gone",
-                {"plateau": list(ph.plateau) if ph else None, "onset_step": self.tracker.onset_step,
-                 "metric": self.options.phase_metric}),
-            "isi_stall": self._isi_stall(sample),
-        }
-        if "probe_cls" in layers and "probe_patch_mean" in layers:
-            cls_acc, patch_acc = layers["probe_cls"][-1], layers["probe_patch_mean"][-1]
-            conditions["cls_marginalized"] = Condition(
-                cls_acc < patch_acc, f"[CLS] probe {cls_acc:.3f} vs mean-patch probe {patch_acc:.3f} at the last block",
-                {"probe_cls": cls_acc, "probe_patch_mean": patch_acc})
-        threshold = self.options.norm_friction_threshold
-        if threshold is not None and "norm_friction" in layers:
-            found = friction_alert(layers, threshold)
-            conditions["norm_friction_high"] = Condition(found is not None, found["message"] if found else "",
-                                                         found["data"] if found else {})
-        return conditions
-
-    def _isi_stall(self, sample: Sample) -> Condition:
-        isi = sample.layers.get("isi")
-        if isi is None or sample.loss is None or not all(math.isfinite(v) for v in [*isi, sample.loss]):
-            return Condition(False)
-        self._stall.append((sum(isi) / len(isi), sample.loss))
-        if len(self._stall) < self._stall.maxlen:
-            return Condition(False)
-        (isi0, loss0), (isi1, loss1) = self._stall[0], self._stall[-1]
-        stalled = isi1 - isi0 <= self.options.isi_stall_min_rise * abs(isi0)
-        falling = loss0 - loss1 >= self.options.isi_stall_min_loss_drop * abs(loss0)
-        return Condition(stalled and falling,
-                         f"mean ISI {isi0:.4f} → {isi1:.4f} over {len(self._stall)} samples while loss "
-                         f"{loss0:.4f} → {loss1:.4f}", {"isi": [isi0, isi1], "loss": [loss0, loss1]})
 
     def _update_stopping(self, sample: Sample) -> None:
         series = sample.series()
@@ -299,7 +257,7 @@ class Watch:
                 "stop_reason": self.stop_reason, "tracker": self.tracker.state_dict(),
                 "alerts": self.alerts.state_dict(), "stoppers": [s.state_dict() for s in self.stoppers],
                 "plateau_stopper": self.plateau_stopper.state_dict() if self.plateau_stopper else None,
-                "isi_stall": [list(p) for p in self._stall]}
+                "isi_stall": [list(p) for p in self.rules.stall]}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`'s output, all or nothing: the whole state is validated (and loaded into
@@ -333,8 +291,8 @@ class Watch:
         self.last_step, self.should_stop, self.stop_reason = s["last_step"], s["should_stop"], s["stop_reason"]
         self.tracker, self.stoppers, self.plateau_stopper = tracker, stoppers, plateau_stopper
         self.alerts.active, self.alerts.opened = alerts.active, alerts.opened
-        self._stall.clear()
-        self._stall.extend((float(i), float(loss)) for i, loss in s["isi_stall"])
+        self.rules.stall.clear()
+        self.rules.stall.extend((float(i), float(loss)) for i, loss in s["isi_stall"])
 
     def _rename(self, run: str) -> None:
         if run == self.run:

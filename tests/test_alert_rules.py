@@ -1,0 +1,68 @@
+"""The alert rules on hand-made samples, without a model: each kind's condition and the ISI-stall window."""
+
+import math
+
+from isiwatch.alerts import AlertEngine, AlertRules
+from isiwatch.phases import Phases, PlateauTracker
+from isiwatch.sample import Sample
+
+
+def sample(step, layers, loss=None, phases=None):
+    return Sample(step, 0.0, layers, phases, 0.0, loss)
+
+
+def rules(**options):
+    return AlertRules(**{"phase_metric": "token_similarity", "isi_stall_window": 3, "isi_stall_min_rise": 0.05,
+                         "isi_stall_min_loss_drop": 0.1, **options})
+
+
+def test_non_finite_names_every_bad_series_and_the_loss():
+    got = rules().conditions(sample(1, {"isi": [0.1, math.nan], "attn_entropy": [0.5, 0.5]}, loss=math.inf),
+                             PlateauTracker())
+    assert got["non_finite"].active and got["non_finite"].data == {"series": ["isi", "loss"]}
+    assert not rules().conditions(sample(1, {"isi": [0.1, 0.2]}, loss=1.0), PlateauTracker())["non_finite"].active
+
+
+def test_cls_marginalized_only_with_both_probes_and_only_when_cls_is_behind():
+    r, tracker = rules(), PlateauTracker()
+    assert "cls_marginalized" not in r.conditions(sample(1, {"probe_cls": [0.2, 0.3]}), tracker)
+    behind = r.conditions(sample(1, {"probe_cls": [0.9, 0.6], "probe_patch_mean": [0.1, 0.7]}), tracker)
+    assert behind["cls_marginalized"].active
+    assert behind["cls_marginalized"].data == {"probe_cls": 0.6, "probe_patch_mean": 0.7}
+    ahead = r.conditions(sample(1, {"probe_cls": [0.1, 0.8], "probe_patch_mean": [0.9, 0.7]}), tracker)
+    assert not ahead["cls_marginalized"].active
+
+
+def test_norm_friction_high_needs_a_threshold():
+    layers = {"norm_friction": [0.01, 0.3, 0.02]}
+    assert "norm_friction_high" not in rules().conditions(sample(1, layers), PlateauTracker())
+    got = rules(norm_friction_threshold=0.1).conditions(sample(1, layers), PlateauTracker())["norm_friction_high"]
+    assert got.active and got.data["layer"] == 1 and got.data["blocks_above"] == [1]
+
+
+def test_plateau_onset_follows_the_tracker_and_names_the_span():
+    r, tracker = rules(), PlateauTracker(patience=2)
+    phases = Phases((2, 5), (0, 1), (6, 7))
+    opened = []
+    engine = AlertEngine("run", [opened.append])
+    for step in (1, 2):
+        s = sample(step, {"token_similarity": [0.0] * 8}, phases=phases)
+        tracker.update(step, phases)
+        engine.update(step, r.conditions(s, tracker))
+    assert [(a.kind, a.step) for a in opened] == [("plateau_onset", 2)]
+    assert opened[0].message == "plateau over blocks 2–5 of token_similarity"
+    assert opened[0].data == {"plateau": [2, 5], "onset_step": 2, "metric": "token_similarity"}
+
+
+def test_isi_stall_waits_for_a_full_window_of_finite_samples_and_needs_a_falling_loss():
+    r = rules()
+    flat_isi = {"isi": [0.2, 0.2]}
+    results = [r.isi_stall(sample(i, flat_isi, loss=loss)).active for i, loss in enumerate((3.0, 2.0, 1.0))]
+    assert results == [False, False, True]  # window of 3, ISI flat, loss fell by 2/3
+    assert not r.isi_stall(sample(4, flat_isi, loss=math.nan)).active and len(r.stall) == 3  # skipped, not stored
+    steady = rules()
+    assert [steady.isi_stall(sample(i, flat_isi, loss=1.0)).active for i in range(3)] == [False, False, False]
+    rising = rules()
+    got = [rising.isi_stall(sample(i, {"isi": [v, v]}, loss=loss)).active
+           for i, (v, loss) in enumerate(((0.2, 3.0), (0.3, 2.0), (0.4, 1.0)))]
+    assert got == [False, False, False]  # ISI rose by 100 %, more than min_rise
