@@ -106,12 +106,12 @@ class _Collector:
 
     def __init__(self, parts: ViTParts, n_images: int, isi_recon_components: int | None, seed: int):
         self.parts = parts
-        self.p = parts.num_prefix_tokens
         self.n_images = n_images
         self.recon_k = isi_recon_components
         self.seed = seed
         depth = parts.depth
         self.sums: dict[str, Tensor] = {}
+        self.reported: dict[str, Tensor] = {}  # blocks that report each metric (no [CLS] metrics before CaiT's [CLS])
         self.stem_sums: dict[str, dict[str, float]] = {p: {} for p in STEM_POINTS}
         self.recon = [0.0] * depth
         self.stem_recon = {p: 0.0 for p in STEM_POINTS}
@@ -127,15 +127,15 @@ class _Collector:
         if self.recon_k:
             self.chunk_split = split_indices(size, seed=self.seed)
 
-    def _store(self, row: int, tokens: Tensor, prefix: int) -> None:
+    def _store(self, row: int, tokens: Tensor, prefix: int, has_cls: bool) -> None:
         if self.patch_feats is None:
             d, depth = tokens.shape[-1], self.parts.depth
             self.patch_feats = tokens.new_zeros(depth + 2, self.n_images, d)
-            if self.parts.has_cls:
-                self.cls_feats = tokens.new_zeros(depth + 1, self.n_images, d)
+            if self.parts.has_cls:  # NaN rows where a block has no [CLS] yet (CaiT)
+                self.cls_feats = tokens.new_full((depth + 1, self.n_images, d), math.nan)
         rows = slice(self.offset, self.offset + self.chunk)
         self.patch_feats[row, rows] = tokens[:, prefix:].mean(1)
-        if self.cls_feats is not None and row >= 1:
+        if self.cls_feats is not None and row >= 1 and has_cls:
             self.cls_feats[row - 1, rows] = tokens[:, 0]
 
     def _recon(self, tokens: Tensor) -> float:
@@ -146,9 +146,11 @@ class _Collector:
 
     def on_stem(self, e: Tensor | None, x0: Tensor) -> None:
         self.embeddings = e
-        points = [("embed", x0, self.p)] if e is None else [("pre_pe", e, 0), ("embed", x0, self.p)]
-        for name, tokens, prefix in points:
-            self._store(STEM_POINTS.index(name), tokens, prefix)
+        first = self.parts.blocks[0]
+        x0_point = ("embed", x0, first.num_prefix_tokens, first.has_cls)
+        points = [x0_point] if e is None else [("pre_pe", e, 0, False), x0_point]
+        for name, tokens, prefix, has_cls in points:
+            self._store(STEM_POINTS.index(name), tokens, prefix, has_cls)
             sums = self.stem_sums[name]
             sums["token_similarity"] = sums.get("token_similarity", 0.0) + float(
                 token_similarity(tokens, prefix).sum())
@@ -156,13 +158,15 @@ class _Collector:
                 self.stem_recon[name] += self._recon(tokens[:, prefix:])
 
     def on_block(self, bt: BlockTensors) -> None:
-        for name, values in block_metrics(bt, self.p, self.parts.has_cls).items():
+        for name, values in block_metrics(bt).items():
             if name not in self.sums:
                 self.sums[name] = torch.zeros(self.parts.depth, dtype=torch.float64, device=values.device)
+                self.reported[name] = torch.zeros(self.parts.depth, dtype=torch.bool, device=values.device)
             self.sums[name][bt.index] += values.sum().double()
-        self._store(bt.index + 2, bt.z, self.p)
+            self.reported[name][bt.index] = True
+        self._store(bt.index + 2, bt.z, bt.p, bt.has_cls)
         if self.recon_k and self.embeddings is not None:
-            self.recon[bt.index] += self._recon(bt.z[:, self.p:])
+            self.recon[bt.index] += self._recon(bt.z[:, bt.p:])
 
 
 @torch.no_grad()
@@ -203,7 +207,7 @@ def analyze(
         collector.start_chunk(offset, len(chunk))
         tap.capture(model, chunk, collector.on_stem, collector.on_block)
 
-    means = {m: (s / n).tolist() for m, s in collector.sums.items()}
+    means = {m: torch.where(collector.reported[m], s / n, math.nan).tolist() for m, s in collector.sums.items()}
     means["isi"] = [isi(d, h) for d, h in zip(means["attn_token_change"], means["attn_entropy"])]
     layers = {m: means[m] for m in BLOCK_METRICS if m in means}
     stem = {p: {m: v / n for m, v in sums.items()} for p, sums in collector.stem_sums.items() if sums}

@@ -1,4 +1,5 @@
-"""Per-layer metrics of SPEC §3, computed from one block's tensors.
+"""Per-layer metrics of a ViT block (token change, attention entropy, ISI, token similarity, block influence,
+[CLS] share and alignment, norm friction), computed from the block's tensors.
 
 Every function returns one value per image (shape (B,)), so that a caller can average over several
 probe chunks; all inputs are fp32. ``p`` is the number of prefix tokens ([CLS] first).
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .taps import BlockTensors
+from .taps import AttentionScores, BlockTensors
 
 #: Metrics computed on every block, in the order they are reported.
 BLOCK_METRICS = ("attn_token_change", "attn_entropy", "isi", "token_similarity", "block_influence",
@@ -44,25 +45,33 @@ def _token_change(ux: Tensor, uy: Tensor) -> Tensor:
 SCORE_CHUNK = 1 << 19
 
 
-def attention_stats(q: Tensor, k: Tensor, scale: float, p: int, has_cls: bool) -> tuple[Tensor, Tensor | None]:
-    """(attn_entropy, cls_attention_share) per image from q, k (B,H,T,hd), without materialising log A.
+def attention_stats(scores: AttentionScores, p: int, has_cls: bool) -> tuple[Tensor, Tensor | None]:
+    """(attn_entropy, cls_attention_share) per image from a block's attention scores, chunk by chunk.
 
-    Entropy of a softmax row is ``logsumexp(s) − Σ A·s``, normalised by ln T (0 = one source, 1 = uniform);
-    the [CLS] share is T · mean attention that patch queries pay to [CLS] (1 = uniform).
+    Entropy of a softmax row is ``logsumexp(s) − Σ A·s``, normalised by ln Tk (0 = one source, 1 = uniform);
+    masked (−inf) scores carry no probability and add nothing. The [CLS] share is Tk · mean attention that
+    patch queries pay to [CLS] (1 = uniform); NaN where patches do not query (CaiT's class attention).
     """
-    b, h, t, _ = q.shape
-    step = max(1, SCORE_CHUNK // (h * t * t))
-    entropy = q.new_empty(b)
-    share = q.new_empty(b) if has_cls else None
+    b, h, tq, tk = scores.shape
+    step = max(1, SCORE_CHUNK // (h * tq * tk))
+    entropy = torch.empty(b, device=_device(scores))
+    share = torch.full((b,), math.nan, device=entropy.device) if has_cls else None
+    masked = scores.masked
     for i in range(0, b, step):
-        scores = torch.matmul(q[i:i + step], k[i:i + step].transpose(-2, -1)).mul_(scale)
-        lse = scores.logsumexp(-1, keepdim=True)
-        a = (scores - lse).exp_()
-        entropy[i:i + step] = (lse.squeeze(-1) - torch.linalg.vecdot(a, scores)).mean((1, 2))
-        if share is not None:
-            share[i:i + step] = a[:, :, p:, 0].mean((1, 2))
-    entropy /= math.log(t)
-    return entropy, share * t if share is not None else None
+        s = scores.scores(i, i + step)
+        lse = s.logsumexp(-1, keepdim=True)
+        a = (s - lse).exp()
+        if masked:
+            s = s.clamp_min(torch.finfo(s.dtype).min)  # 0 · (−inf) would be NaN; 0 · min is 0
+        entropy[i:i + step] = (lse.squeeze(-1) - torch.linalg.vecdot(a, s)).mean((1, 2))
+        if share is not None and tq == tk:
+            share[i:i + step] = a[:, :, p:, 0].mean((1, 2)) * tk
+    entropy /= math.log(tk)
+    return entropy, share
+
+
+def _device(scores: AttentionScores) -> torch.device:
+    return (scores.logits if scores.logits is not None else scores.q).device
 
 
 def token_similarity(z: Tensor, p: int, center: Tensor | None = None) -> Tensor:
@@ -93,18 +102,20 @@ def norm_friction(x: Tensor, x_normed: Tensor, p: int) -> Tensor:
     return cls_patch_cos(x, p) - cls_patch_cos(x_normed, p)
 
 
-def block_metrics(bt: BlockTensors, p: int, has_cls: bool) -> dict[str, Tensor]:
-    """Per-image block metrics of SPEC §3 for one block (``isi`` is formed from their batch means).
+def block_metrics(bt: BlockTensors) -> dict[str, Tensor]:
+    """Per-image metrics of one block (``isi`` is formed from their batch means); the [CLS] metrics only when
+    the block's sequence has a [CLS].
 
     ``block_influence`` is ShortGPT's block influence, 1 − cos(X, Z) between the block's input and output
     averaged over tokens: 0 for a block that changes nothing. Each tensor is normalised once and shared
     between the metrics that need it.
     """
+    p = bt.p
     ux = unit(bt.x)
-    entropy, share = attention_stats(bt.q, bt.k, bt.scale, p, has_cls)
+    entropy, share = attention_stats(bt.attention, p, bt.has_cls)
     out = {"attn_token_change": _token_change(ux, unit(bt.y)), "attn_entropy": entropy,
            "token_similarity": token_similarity(bt.z, p), "block_influence": _token_change(ux, unit(bt.z))}
-    if has_cls:
+    if bt.has_cls:
         out["cls_attention_share"] = share
         out["cls_patch_cos"] = cls_patch_cos(bt.z, p)
         out["norm_friction"] = _cls_patch_cos(ux, p) - cls_patch_cos(bt.x_normed, p)

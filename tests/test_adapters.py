@@ -84,6 +84,7 @@ def test_custom_parts_and_untappable_models():
     assert custom.layers == auto.layers
     with pytest.raises(TapError, match="no list of ViT blocks"):
         vit_parts(timm.create_model("resnet18", pretrained=False))
-    with pytest.raises(TapError, match="exposes neither"):
-        custom_parts([vit.blocks[0]], num_prefix_tokens=1, has_cls=True, norm1=lambda b: b.norm1,
-                     attn_branch=lambda b: b.ls1, attention=lambda b: b.mlp)
+    wrong = custom_parts(list(vit.blocks), num_prefix_tokens=1, has_cls=True, norm1=lambda b: b.norm1,
+                         attn_branch=lambda b: b.ls1, attention=lambda b: b.mlp)
+    with pytest.raises(TapError, match="block 0: Mlp computes no attention scores"):
+        isiwatch.analyze(vit, images, parts=wrong)

@@ -1,0 +1,139 @@
+"""One probe pass that streams each block's tensors to a consumer.
+
+The hooks live only for the duration of :meth:`Tap.capture`; the consumer sees one block at a time, so
+memory does not grow with depth. Attention scores come from :class:`~.attention.AttentionRecorder`, so the
+model's fused attention stays on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .attention import AttentionRecorder, AttentionScores
+from .parts import TapError, ViTParts
+
+
+@dataclass
+class BlockTensors:
+    """Tensors of block ``index`` on the probe batch, all fp32, (B,T,D) unless said.
+
+    ``x``: block input X; ``x_normed``: norm1(X) (X itself for post-norm blocks); ``y``: X + attention
+    branch; ``z``: block output; ``attention``: the block's attention scores; ``p`` / ``has_cls``: prefix
+    tokens in this block's sequence and whether the first is a [CLS].
+    """
+
+    index: int
+    x: Tensor
+    x_normed: Tensor
+    y: Tensor
+    z: Tensor
+    attention: AttentionScores
+    p: int
+    has_cls: bool
+
+
+class Tap:
+    """Runs one probe pass and streams per-block tensors to consumers.
+
+    ``on_stem(E, X0)`` receives the patch embedding before positional encoding (None when the model has
+    no separate patch embedding) and the input of block 0; ``on_block(BlockTensors)`` is called as each
+    block finishes.
+    """
+
+    def __init__(self, parts: ViTParts):
+        self.parts = parts
+
+    @contextlib.contextmanager
+    def _hooks(self, on_stem: Callable, on_block: Callable[[BlockTensors], None]) -> Iterator[None]:
+        parts = self.parts
+        recorder = AttentionRecorder()
+        handles = []
+        state: dict = {}
+
+        if parts.patch_embed is not None:
+            def keep_embedding(_module, _inputs, output):
+                state["E"] = parts.embed_tokens(output).float()
+            handles.append(parts.patch_embed.register_forward_hook(keep_embedding))
+
+        for index, bp in enumerate(parts.blocks):
+            def block_start(_module, _args, index=index):
+                state.update(block=index, branch=[], records=[])
+                state.pop("Xn", None)
+
+            def attention_start(_module, _args):
+                recorder.active, state["recorded"] = True, len(recorder.records)
+
+            def attention_end(module, _args, _output, index=index):
+                recorder.active = False
+                new = recorder.records[state["recorded"]:]
+                del recorder.records[:]
+                if not new:
+                    raise TapError(f"block {index}: {type(module).__name__} computes no attention scores (it calls "
+                                   "neither scaled_dot_product_attention nor a softmax over keys)")
+                state["records"] += new  # several for differential attention: both maps, heads side by side
+
+            def keep_norm(_module, _inputs, output):
+                state["Xn"] = output
+
+            def add_branch(_module, inputs, output, fn=None):
+                state["branch"].append(fn(inputs, output).float())
+
+            def block_end(_module, args, kwargs, output, index=index, bp=bp):
+                x, z = (t.float() for t in bp.tokens(args, kwargs, output))
+                if index == 0:
+                    on_stem(state.pop("E", None), x)
+                if not state["records"]:
+                    raise TapError(f"block {index}: its attention module did not run")
+                branch = torch.stack(state["branch"]).sum(0) if len(state["branch"]) > 1 else state["branch"][0]
+                y = x + branch if branch.shape[1] == x.shape[1] else torch.cat(
+                    [x[:, :branch.shape[1]] + branch, x[:, branch.shape[1]:]], dim=1)
+                xn = state.pop("Xn", None)
+                on_block(BlockTensors(index, x, x if xn is None else xn.float(), y, z,
+                                      AttentionScores.along_heads(state["records"]), bp.num_prefix_tokens,
+                                      bp.has_cls))
+
+            handles.append(bp.block.register_forward_pre_hook(block_start))
+            for attn in bp.attention:
+                handles += [attn.register_forward_pre_hook(attention_start),
+                            attn.register_forward_hook(attention_end)]
+            if bp.norm is not None:
+                handles.append(bp.norm.register_forward_hook(keep_norm))
+            for module, fn in bp.branch:
+                handles.append(module.register_forward_hook(lambda m, i, o, fn=fn: add_branch(m, i, o, fn)))
+            handles.append(bp.block.register_forward_hook(block_end, with_kwargs=True))
+        try:
+            with recorder:
+                yield
+        finally:
+            for h in handles:
+                h.remove()
+            state.clear()
+
+    @torch.no_grad()
+    def capture(self, model: nn.Module, images: Tensor, on_stem: Callable,
+                on_block: Callable[[BlockTensors], None]) -> Tensor:
+        """One forward of ``images`` through ``model`` with the hooks in place; returns the model output.
+
+        Runs in eval mode and restores every module's mode and the global RNG state afterwards.
+        """
+        with preserved_state(model), self._hooks(on_stem, on_block):
+            model.eval()
+            return model(images)
+
+
+@contextlib.contextmanager
+def preserved_state(model: nn.Module) -> Iterator[None]:
+    """Restore each module's train/eval flag and the CPU/CUDA RNG states (``torch.random.fork_rng``) on exit."""
+    modes = [(m, m.training) for m in model.modules()]
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        for m, mode in modes:
+            m.training = mode

@@ -1,0 +1,24 @@
+"""timm ``Beit`` (BEiT, BEiT v2): relative position bias and layer-scale γ.
+
+The relative position bias (per block, plus the optional shared one) is added to the attention scores: on
+the fused path it is the mask torch's ``scaled_dot_product_attention`` receives, on the unfused path it is
+in the softmax input, so the tap's scores include it. Y = X + ``drop_path1`` output (γ₁ · attention).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .parts import BlockParts, ViTParts, branch_output
+
+
+def parts(model: nn.Module) -> ViTParts | None:
+    if not type(model).__module__.startswith("timm."):
+        return None
+    from timm.models.beit import Beit, Block
+
+    if not isinstance(model, Beit) or not all(isinstance(b, Block) for b in model.blocks):
+        return None
+    p, has_cls = model.num_prefix_tokens, model.cls_token is not None
+    blocks = [BlockParts(b, (b.attn,), ((b.drop_path1, branch_output),), b.norm1, p, has_cls) for b in model.blocks]
+    return ViTParts("timm", blocks, model.patch_embed, p, has_cls)

@@ -1,0 +1,41 @@
+"""timm ``Cait``: self-attention blocks over the patches, then class-attention blocks where [CLS] joins.
+
+- Self-attention blocks (``blocks``, talking-heads attention): X, Y, Z are the patch tokens only; there is
+  no [CLS] yet, so the [CLS] metrics and the [CLS] probe are undefined (NaN) there. The attention scores are
+  the input of the softmax, i.e. after the pre-softmax head mixing (``proj_l``); the post-softmax mixing
+  (``proj_w``) is not part of the distribution whose entropy is reported.
+- Class-attention blocks (``blocks_token_only``): only [CLS] queries and is updated; X = [CLS ; patches],
+  Y and Z replace [CLS] and keep the patches. Entropy is that of [CLS]'s attention over all tokens;
+  ``cls_attention_share`` (what patch queries pay to [CLS]) is undefined (NaN) as patches do not query.
+Y = X + γ₁ · attention output. Truncation drops self-attention blocks only; class-attention blocks are kept.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .parts import BlockParts, ViTParts, first_output
+
+
+def _class_attention_io(args: tuple, kwargs: dict, output) -> tuple[torch.Tensor, torch.Tensor]:
+    x, x_cls = (*args, *kwargs.values())[:2]
+    return torch.cat([x_cls, x], dim=1), torch.cat([first_output(output), x], dim=1)
+
+
+def parts(model: nn.Module) -> ViTParts | None:
+    if not type(model).__module__.startswith("timm."):
+        return None
+    from timm.models.cait import Cait, LayerScaleBlock, LayerScaleBlockClassAttn
+
+    if not isinstance(model, Cait):
+        return None
+    if not all(isinstance(b, LayerScaleBlock) for b in model.blocks) or not all(
+            isinstance(b, LayerScaleBlockClassAttn) for b in model.blocks_token_only):
+        return None
+    has_cls = model.cls_token is not None
+    blocks = [BlockParts(b, (b.attn,), ((b.attn, lambda _i, out, b=b: b.gamma_1 * out),), b.norm1, 0, False)
+              for b in model.blocks]
+    blocks += [BlockParts(b, (b.attn,), ((b.attn, lambda _i, out, b=b: b.gamma_1 * out),), b.norm1, 1, has_cls,
+                          _class_attention_io) for b in model.blocks_token_only]
+    return ViTParts("timm", blocks, model.patch_embed, model.num_prefix_tokens, has_cls)

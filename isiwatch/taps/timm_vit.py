@@ -1,0 +1,81 @@
+"""timm ``VisionTransformer`` (and DeiT, relpos ViTs, NaFlexViT): pre-norm, post-norm and parallel blocks.
+
+X is a block's input and Z its output. Y = X + the attention's share of the residual update:
+- ``Block`` / ``RelPosBlock`` (pre-norm): ``drop_path1(ls1(attn(norm1(X))))``; norm1(X) is ``norm1``'s output.
+- ``ResPostBlock`` / ``ResPostRelPosBlock`` (post-norm): ``drop_path1(norm1(attn(X)))``; attention reads X
+  itself, so norm1(X) is X.
+- ``ParallelThingsBlock``: attention and MLP branches added in turn; Y = X + Σ of its parallel attention
+  branches (their heads side by side in the scores); norm1(X) is the first attention branch's norm.
+- ``ParallelScalingBlock`` / ``DiffParallelScalingBlock``: attention and MLP read the same ``in_norm(X)`` and
+  are added at once; Y = X + ``ls`` of the attention half of the output projection (the projection bias
+  counts as MLP). Differential attention's two softmax maps both count as heads.
+The relative position bias of the relpos ViTs is the mask torch's attention receives, so it is in the scores.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import nn
+
+from .parts import BlockParts, ViTParts, branch_output, channels_first_tokens, first_output
+
+
+def _fused_projection_share(block: nn.Module):
+    """Attention share of ``ls(out_proj(cat(x_attn, x_mlp)))``: the projection of x_attn alone."""
+    proj = block.out_proj
+    width = proj.out_features  # x_attn has the block's width
+
+    def share(inputs, _output):
+        return block.ls(F.linear(inputs[0][..., :width], proj.weight[:, :width]))
+    return share
+
+
+def block_parts(block: nn.Module, p: int, has_cls: bool) -> BlockParts | None:
+    """Describe one timm ViT block, or None when it is not one of this module's block types."""
+    from timm.models.vision_transformer import (
+        Block,
+        DiffParallelScalingBlock,
+        ParallelScalingBlock,
+        ParallelThingsBlock,
+        ResPostBlock,
+    )
+    from timm.models.vision_transformer_relpos import RelPosBlock, ResPostRelPosBlock
+
+    if isinstance(block, (Block, RelPosBlock)):
+        return BlockParts(block, (block.attn,), ((block.drop_path1, branch_output),), block.norm1, p, has_cls)
+    if isinstance(block, (ResPostBlock, ResPostRelPosBlock)):
+        return BlockParts(block, (block.attn,), ((block.drop_path1, branch_output),), None, p, has_cls)
+    if isinstance(block, ParallelThingsBlock):
+        return BlockParts(block, tuple(a.attn for a in block.attns),
+                          tuple((a.drop_path, branch_output) for a in block.attns), block.attns[0].norm, p, has_cls)
+    if isinstance(block, (ParallelScalingBlock, DiffParallelScalingBlock)):
+        if getattr(block, "out_proj", None) is not None:
+            branch = ((block.out_proj, _fused_projection_share(block)),)
+        else:
+            branch = ((block.attn_out_proj, lambda _inputs, output: block.ls(output)),)
+        return BlockParts(block, (block,), branch, block.in_norm, p, has_cls)
+    return None
+
+
+def parts(model: nn.Module) -> ViTParts | None:
+    """timm VisionTransformer / VisionTransformerDistilled / VisionTransformerRelPos / NaFlexVit."""
+    if not type(model).__module__.startswith("timm."):
+        return None
+    from timm.models.naflexvit import NaFlexVit
+    from timm.models.vision_transformer import VisionTransformer
+    from timm.models.vision_transformer_relpos import VisionTransformerRelPos
+
+    if isinstance(model, NaFlexVit):
+        embed, has_cls = model.embeds.proj, model.embeds.cls_token is not None
+        embed_tokens = channels_first_tokens if isinstance(embed, nn.Conv2d) else first_output
+    elif isinstance(model, (VisionTransformer, VisionTransformerRelPos)):
+        embed, has_cls, embed_tokens = model.patch_embed, model.cls_token is not None, None
+    else:
+        return None
+    p = model.num_prefix_tokens
+    blocks = [block_parts(b, p, has_cls) for b in model.blocks]
+    if any(b is None for b in blocks):
+        return None
+    extra = {} if embed_tokens is None else {"embed_tokens": embed_tokens}
+    return ViTParts("timm", blocks, embed, p, has_cls, **extra)
+
