@@ -1,5 +1,6 @@
 """isiwatch in a Hugging Face Trainer run: a small transformers ViT (built from a config, no download) on the
-embedded MNIST digits; the isiwatch summary reaches the Trainer's TensorBoard logs.
+embedded MNIST digits. The per-layer curves go to isiwatch's own log (OUT/isiwatch: TensorBoard, metrics.jsonl,
+alerts.jsonl); log_summary=True adds a small summary to the Trainer's own log rows and its TensorBoard logs.
 
     python examples/transformers_example.py --steps 300 --out runs/transformers
     tensorboard --logdir runs/transformers
@@ -33,7 +34,7 @@ def main() -> None:
     train = [{"pixel_values": images[i], "labels": labels[i]} for i in range(DIGITS_TRAIN)]
     trainer = Trainer(model=model, args=training, train_dataset=train)
     isiwatch_cb = ISIWatchCallback(probe_x, probe_y, every_n_steps=args.every, log_dir=f"{args.out}/isiwatch",
-                                   stop_on_plateau=True)
+                                   stop_on_plateau=True, log_summary=True)
     add_callback(trainer, isiwatch_cb)  # ahead of the reporting callbacks, so TensorBoard gets the isiwatch summary
     trainer.train()
     print(f"stopped at step {trainer.state.global_step}: {isiwatch_cb.watch.stop_reason or 'max_steps'}")
