@@ -2,10 +2,11 @@
 deploy/prometheus's rules against the HTTP exporter of a short training run watched by isiwatch.Watch, and
 the plateau alert shows up in Prometheus's HTTP API.
 
-The rule files are used unchanged: IsiwatchPlateauOnset has ``for: 1m``, so Prometheus lists it as pending
-at the first evaluation after the Watch opens the plateau_onset episode; the test waits for pending or
-firing, not for the minute. Only the scrape/evaluation intervals and the target differ from the shipped
-prometheus.yml. Everything started here is stopped by pid.
+The rules are the shipped ones with one change: every ``for:`` is shortened to ``FOR`` (IsiwatchPlateauOnset
+and IsiwatchExporterDown ship with ``for: 1m``), so the test sees the plateau alert go pending, then firing,
+and, once the Watch closes its exporter, IsiwatchExporterDown firing, in seconds rather than minutes. The
+expressions, labels and annotations are the shipped text. Only the scrape/evaluation intervals and the target
+differ from the shipped prometheus.yml. Everything started here is stopped by pid.
 """
 
 import json
@@ -30,6 +31,7 @@ from isiwatch.data import embedded_digits
 
 RUN = "e2e"
 ALERT_TIMEOUT_S = 60
+FOR = "3s"  # instead of the shipped for: durations (1m for the two alerts this test waits for)
 
 
 def free_port() -> int:
@@ -66,11 +68,26 @@ def poll(check, timeout: float, what: str, server: subprocess.Popen, log):
     pytest.fail(f"no {what} after {timeout} s; prometheus log:\n{log.read_text()[-3000:]}")
 
 
+def short_rules(folder) -> list[str]:
+    """Copies of the shipped rule files with every ``for:`` set to ``FOR``, nothing else changed."""
+    folder.mkdir()
+    copies = []
+    for path in sorted((PROMETHEUS_DIR / "rules").glob("*.yml")):
+        rules = yaml.safe_load(path.read_text())
+        for group in rules["groups"]:
+            for rule in group["rules"]:
+                if "for" in rule:
+                    rule["for"] = FOR
+        copies.append(str(folder / path.name))
+        (folder / path.name).write_text(yaml.safe_dump(rules, allow_unicode=True, sort_keys=False))
+    return copies
+
+
 def write_config(path, exporter_port: int):
-    """The shipped prometheus.yml with 1 s intervals, absolute rule paths and the test's exporter only."""
+    """The shipped prometheus.yml with 1 s intervals, the rules with short ``for:`` and the test's exporter only."""
     config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
     config["global"] = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
-    config["rule_files"] = [str(PROMETHEUS_DIR / pattern) for pattern in config["rule_files"]]
+    config["rule_files"] = short_rules(path.parent / "rules")
     (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "isiwatch"]
     job["static_configs"] = [{"targets": [f"127.0.0.1:{exporter_port}"]}]
     config["scrape_configs"] = [job]
@@ -99,9 +116,13 @@ def prometheus_server(tmp, exporter_port: int):
             server.wait()
 
 
-def plateau_alerts(url: str) -> list[dict]:
+def run_alerts(url: str, name: str, state: str | None = None) -> list[dict]:
     return [a for a in api(url, "/api/v1/alerts")["alerts"]
-            if a["labels"]["alertname"] == "IsiwatchPlateauOnset" and a["labels"].get("run") == RUN]
+            if a["labels"]["alertname"] == name and a["labels"].get("run") == RUN and state in (None, a["state"])]
+
+
+def plateau_alerts(url: str, state: str | None = None) -> list[dict]:
+    return run_alerts(url, "IsiwatchPlateauOnset", state)
 
 
 def instant(url: str, query: str) -> list[dict]:
@@ -142,18 +163,25 @@ def live(tmp_path_factory):
             seconds = time.monotonic() - changed
             print(f"\nIsiwatchPlateauOnset {alerts[0]['state']} {seconds:.1f} s and "
                   f"{len(steps) - changed_at_step} steps after the change")
-            yield {"url": url, "before": before, "alerts": alerts, "seconds": seconds, "losses": steps}
+            firing = wait(lambda: train_step() or plateau_alerts(url, "firing"), ALERT_TIMEOUT_S,
+                          "firing IsiwatchPlateauOnset")
+            print(f"IsiwatchPlateauOnset firing {time.monotonic() - changed:.1f} s after the change")
+            yield {"url": url, "before": before, "alerts": alerts, "firing": firing, "seconds": seconds,
+                   "losses": steps, "watch": watch, "wait": wait}
     finally:
         watch.close()
 
 
-def test_plateau_onset_alert_becomes_pending_or_firing_in_prometheus(live):
+def test_plateau_onset_alert_goes_pending_then_firing_in_prometheus(live):
     assert live["before"]["alerts"] == []
     assert [s["value"][1] for s in live["before"]["detected"]] == ["0"]
-    (alert,) = live["alerts"]
-    assert alert["state"] in ("pending", "firing")
-    assert alert["labels"] == {"alertname": "IsiwatchPlateauOnset", "run": RUN, "severity": "warning"}
-    assert "over blocks 1–5 since step" in alert["annotations"]["description"]
+    (pending,) = live["alerts"]
+    assert pending["state"] == "pending"  # the for: delay is honoured: pending first
+    (firing,) = live["firing"]
+    for alert in (pending, firing):
+        assert alert["labels"] == {"alertname": "IsiwatchPlateauOnset", "run": RUN, "severity": "warning"}
+        assert "over blocks 1–5 since step" in alert["annotations"]["description"]
+    assert firing["activeAt"] == pending["activeAt"]  # the same alert, now past its for: delay
     assert live["seconds"] < ALERT_TIMEOUT_S
     assert [s["value"][1] for s in instant(live["url"], f'isiwatch_plateau_detected{{run="{RUN}"}}')] == ["1"]
     assert live["losses"][-1] < live["losses"][0]  # it really trained
@@ -170,3 +198,16 @@ def test_every_dashboard_query_returns_data_from_the_live_run(live):
             expr = query.replace("$run", RUN).replace("$metric", "isi").replace("$__rate_interval", "1m")
             result = instant(url, expr)
             assert result or 'alertstate="firing"' in expr, f"{path.name}: no data for {expr}"
+
+
+def test_exporter_down_fires_once_the_run_closes_its_exporter(live):
+    """Last in this file: it ends the live run (the dashboard test above needs the exporter up)."""
+    url, step = live["url"], live["watch"].last_step
+    assert run_alerts(url, "IsiwatchExporterDown") == []  # up while the exporter answers
+    live["wait"](lambda: [s["value"][1] for s in instant(url, f'isiwatch_training_step{{run="{RUN}"}}')] == [str(step)],
+                 10, f"scrape of step {step}")
+    live["watch"].close()
+    (alert,) = live["wait"](lambda: run_alerts(url, "IsiwatchExporterDown", "firing"), ALERT_TIMEOUT_S,
+                            "firing IsiwatchExporterDown")
+    assert alert["labels"]["severity"] == "warning" and alert["labels"]["job"] == "isiwatch"
+    assert f"(last sampled step {step})" in alert["annotations"]["description"]
