@@ -23,6 +23,7 @@ from sklearn.linear_model import LogisticRegression
 import isiwatch
 from isiwatch.checkpoint import load_checkpoint
 from isiwatch.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.models import build_model
 from isiwatch.probes import probe_accuracy, split_indices
 from isiwatch.threads import add_threads_argument, set_torch_threads
 from isiwatch.training import make_digits_vit, train_classifier
@@ -153,7 +154,7 @@ def main() -> None:
 
     images, labels = embedded_digits()
     if args.checkpoint:
-        model = load_checkpoint(args.checkpoint).build()
+        model = build_model(load_checkpoint(args.checkpoint))
     else:
         model, _ = make_digits_vit(0)
         train_classifier(model, images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN], epochs=10)

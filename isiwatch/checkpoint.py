@@ -48,26 +48,6 @@ class Checkpoint:
     #: ``source``), from timm ``train.py``'s ``args`` or isiwatch's own metadata; empty when none is recorded.
     data_config: dict = field(default_factory=dict)
 
-    def build(self) -> nn.Module:
-        """``timm.create_model(arch, **model_kwargs)`` (token-specialised when the metadata says so) with the
-        weights loaded strictly."""
-        import timm
-
-        try:
-            model = timm.create_model(self.arch, pretrained=False, **self.model_kwargs)
-        except Exception as exc:  # timm raises RuntimeError/KeyError/TypeError for unknown archs/kwargs
-            raise CheckpointError(f"{self.path}: cannot build timm model {self.arch!r}: {exc}") from None
-        if "specialize" in self.metadata:  # written by `isiwatch specialize`: re-apply before loading
-            from .specialize import apply_recorded
-
-            apply_recorded(model, self.metadata["specialize"], self.path)
-        try:
-            model.load_state_dict(self.state_dict, strict=True)
-        except RuntimeError as exc:
-            first = str(exc).splitlines()[1].strip() if "\n" in str(exc) else str(exc)
-            raise CheckpointError(f"{self.path}: weights do not fit {self.arch!r}: {first}") from None
-        return model
-
 
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()

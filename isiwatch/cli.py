@@ -329,7 +329,7 @@ def truncate(checkpoint, out, analysis, data, eval_data, strategy, keep, max_dro
 @main.command()
 @click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Output checkpoint; isiwatch.checkpoint.load_checkpoint(OUT).build() loads it back.")
+              help="Output checkpoint; isiwatch.models.load_specialized(OUT) loads it back.")
 @click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
 @click.option("--num-heads", type=click.IntRange(min=1),
               help="Attention heads, for a checkpoint that records neither them nor an architecture.")
@@ -344,7 +344,8 @@ def truncate(checkpoint, out, analysis, data, eval_data, strategy, keep, max_dro
 @click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
 def specialize(checkpoint, out, arch, num_heads, norms, qkv_blocks, lora_rank, layer_scale, fmt, no_ema) -> None:
     """Give [CLS]/prefix tokens their own norms (and QKV) in a ViT checkpoint; same function at conversion."""
-    from .specialize import parse_qkv_blocks, specialize_checkpoint
+    from .models import specialize_checkpoint
+    from .specialize import parse_qkv_blocks
 
     report = specialize_checkpoint(checkpoint, out, arch=arch, num_heads=num_heads, norms=norms,
                                    qkv_blocks=parse_qkv_blocks(qkv_blocks), lora_rank=lora_rank,

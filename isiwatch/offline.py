@@ -5,65 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from torch import Tensor, nn
-
 from .analysis import METRICS, Analysis, analyze
 from .checkpoint import load_checkpoint
-from .data import (
-    INTERPOLATIONS,
-    MNIST_NORMALIZATION,
-    DataError,
-    Normalization,
-    fit_to_model,
-    held_out_digits,
-    image_folder,
-    per_channel,
-    renormalize,
-)
 from .depth import recommend_depth
 from .files import atomic_files, write_json
+from .model_images import probe_images, resolve_normalization
+from .models import build_model
 from .plots import plot_curves
-
-
-def resolve_normalization(model: nn.Module, data: str, data_config: dict | None = None,
-                          mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None
-                          ) -> Normalization:
-    """How images for ``model`` are normalised: ``mean``/``std`` given by the user; else MNIST statistics for
-    the embedded digits; else the statistics the weights were trained with (``data_config``, see
-    :attr:`~isiwatch.checkpoint.Checkpoint.data_config`); else the model's ``pretrained_cfg`` (3 channels) or
-    MNIST statistics (other channel counts)."""
-    in_chans = model.patch_embed.proj.in_channels
-    config = data_config or {}
-    interpolation = config.get("interpolation") if config.get("interpolation") in INTERPOLATIONS else "bilinear"
-    if (mean is None) != (std is None):
-        raise DataError("--mean and --std go together: give both or neither")
-    if mean is not None:
-        return Normalization(per_channel(mean, in_chans, "--mean"), per_channel(std, in_chans, "--std"),
-                             "--mean/--std", interpolation)
-    if data == "mnist":
-        return MNIST_NORMALIZATION
-    if config:
-        return Normalization(per_channel(config["mean"], in_chans, f"the {config['source']} mean"),
-                             per_channel(config["std"], in_chans, f"the {config['source']} std"),
-                             config["source"], interpolation)
-    cfg = getattr(model, "pretrained_cfg", {}) or {}
-    if in_chans == 3 and cfg.get("mean") and cfg.get("std"):
-        return Normalization(tuple(cfg["mean"]), tuple(cfg["std"]), "pretrained_cfg")
-    return Normalization(MNIST_NORMALIZATION.mean * in_chans, MNIST_NORMALIZATION.std * in_chans, "mnist")
-
-
-def probe_images(model: nn.Module, data: str, count: int | None,
-                 norm: Normalization | None = None) -> tuple[Tensor, Tensor]:
-    """``count`` labelled images for ``model``: 'mnist' = the embedded held-out digits, else an ImageFolder;
-    normalised with ``norm`` (default: :func:`resolve_normalization` without a checkpoint's data config)."""
-    img_size = model.patch_embed.img_size
-    in_chans = model.patch_embed.proj.in_channels
-    norm = norm or resolve_normalization(model, data)
-    if data == "mnist":
-        images, labels = held_out_digits(count)
-        return renormalize(fit_to_model(images, img_size, in_chans), norm), labels
-    return image_folder(data, img_size, in_chans, per_channel(norm.mean, in_chans, "mean"),
-                        per_channel(norm.std, in_chans, "std"), limit=count, interpolation=norm.interpolation)
 
 
 def analysis_record(analysis: Analysis) -> dict:
@@ -99,7 +47,7 @@ def analyze_checkpoint(
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema, num_heads=num_heads)
-    model = ckpt.build().to(device)
+    model = build_model(ckpt).to(device)
     norm = resolve_normalization(model, data, ckpt.data_config, mean, std)
     x, y = probe_images(model, data, images, norm)
     if len(x) < images and echo is not None:

@@ -6,9 +6,10 @@ optionally ``ls1``/``ls2``) get prefix-token affine parameters; optionally the Q
 blocks (the paper: the first third) gets a prefix-token copy or a LoRA update. Attention still mixes all
 tokens, the projections' FLOPs are unchanged, and at conversion the model computes the same function.
 
-A specialised checkpoint records its options under the ``specialize`` metadata key; ``Checkpoint.build()``
-re-applies them before loading the weights strictly, so ``load_checkpoint(path).build()`` (and thus
-``isiwatch analyze``) loads it like any other isiwatch checkpoint.
+A specialised checkpoint records its options under the ``specialize`` metadata key;
+:func:`isiwatch.models.build_model` re-applies them (:func:`apply_recorded`) before loading the weights strictly,
+so ``isiwatch analyze`` loads it like any other isiwatch checkpoint. Reading and writing checkpoint files of
+specialised models (``specialize_checkpoint``, ``load_specialized``) is in :mod:`isiwatch.models`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from timm.layers import LayerScale
 from torch import nn
 
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, save_checkpoint
 from .taps import vit_parts
 from .token_split import PrefixSplit, TokenLayerNorm, TokenLayerScale, TokenLinear
 
@@ -160,7 +161,7 @@ def parameter_overhead(model: nn.Module) -> dict[str, float]:
 
 
 def apply_recorded(model: nn.Module, record: Mapping, source: str | Path) -> nn.Module:
-    """Re-apply the specialisation recorded in checkpoint ``source`` (Checkpoint.build's hook)."""
+    """Re-apply the specialisation recorded in checkpoint ``source`` (:func:`isiwatch.models.build_model` calls it)."""
     try:
         options = SpecializeOptions.from_dict(record)
         return specialize(model, options.norms, list(options.qkv_blocks), options.lora_rank, options.layer_scale)
@@ -176,14 +177,6 @@ def save_specialized(path: str | Path, model: nn.Module, arch: str, model_kwargs
         raise ValueError("the model is not specialised; call isiwatch.specialize() first")
     return save_checkpoint(path, arch, model_kwargs, model.state_dict(),
                            {**(metadata or {}), SPECIALIZE_KEY: options.to_dict()}, fmt)
-
-
-def load_specialized(path: str | Path, arch: str | None = None) -> nn.Module:
-    """Rebuild a specialised checkpoint: timm model → recorded specialisation → strict weight load."""
-    ckpt = load_checkpoint(path, arch=arch)
-    if SPECIALIZE_KEY not in ckpt.metadata:
-        raise CheckpointError(f"{ckpt.path}: not a specialised checkpoint (no {SPECIALIZE_KEY!r} record)")
-    return ckpt.build()
 
 
 @torch.no_grad()
@@ -206,40 +199,3 @@ def parse_qkv_blocks(text: str) -> QkvBlocks:
     except ValueError:
         raise ValueError(f"--qkv-blocks: expected none, first_third, a count or indices like 0,1,2; "
                          f"got {text!r}") from None
-
-
-def specialize_checkpoint(
-    checkpoint: str | Path,
-    out: str | Path,
-    *,
-    arch: str | None = None,
-    num_heads: int | None = None,
-    norms: bool = True,
-    qkv_blocks: QkvBlocks = None,
-    lora_rank: int | None = None,
-    layer_scale: bool = False,
-    fmt: str = "pt",
-    prefer_ema: bool = True,
-) -> dict:
-    """Specialise a checkpoint into ``out`` and report parameters and the conversion error.
-
-    The error is measured on 8 seeded random inputs of the model's input shape; a conversion that changes
-    the outputs by more than :data:`EXACTNESS_TOLERANCE` is refused and nothing is written.
-    """
-    checkpoint, out = Path(checkpoint), Path(out)
-    if out.resolve() == checkpoint.resolve():
-        raise ValueError(f"{out}: --out must differ from the input checkpoint (inputs are never modified)")
-    ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema, num_heads=num_heads)
-    original = ckpt.build()
-    model = ckpt.build()
-    specialize(model, norms=norms, qkv_blocks=qkv_blocks, lora_rank=lora_rank, layer_scale=layer_scale)
-    size = original.patch_embed.img_size
-    images = torch.randn(8, original.patch_embed.proj.in_channels, *size, generator=torch.Generator().manual_seed(0))
-    error = conversion_error(original, model, images)
-    if not error <= EXACTNESS_TOLERANCE:
-        raise RuntimeError(f"conversion changed the outputs by {error:.2e} > {EXACTNESS_TOLERANCE:.0e}; "
-                           "nothing written")
-    source = {"path": str(checkpoint), "sha256": ckpt.sha256}
-    save_specialized(out, model, ckpt.arch, ckpt.model_kwargs, {**ckpt.metadata, "specialized_from": source}, fmt)
-    return {"out": str(out), "arch": ckpt.arch, "options": specialization(model).to_dict(),
-            **parameter_overhead(model), "max_abs_diff": error}

@@ -46,7 +46,8 @@ from .cut_search import (
 from .data import DIGITS_TRAIN, DataError, Normalization, embedded_digits, fit_to_model, renormalize
 from .depth import DepthRecommendation, recommend_depth
 from .files import write_json
-from .offline import probe_images, resolve_normalization
+from .model_images import probe_images, resolve_normalization
+from .models import build_model
 from .phases import Phases
 from .training import accuracy, predict, train_classifier
 from .truncate_report import candidates_table, measure, report_table
@@ -367,7 +368,7 @@ def plan(request: TruncateRequest) -> TruncationPlan:
     strategy, choose the blocks to keep. Refuses (``ValueError``) before any cut or healing."""
     r = request
     ckpt = load_checkpoint(r.checkpoint, arch=r.arch, num_heads=r.num_heads, prefer_ema=r.prefer_ema)
-    uncut = ckpt.build().to(r.device).eval()
+    uncut = build_model(ckpt).to(r.device).eval()
     depth = len(_blocks(uncut))
     if r.keep is not None and not 1 <= r.keep < depth:
         raise ValueError(f"--keep must be between 1 and {depth - 1} for this {depth}-block model, got {r.keep}")
@@ -480,7 +481,8 @@ def truncate(checkpoint: str | Path, out: str | Path, **options) -> TruncateResu
     from ``analysis`` or an analysis of ``images`` healing images). ``train_last`` defaults to the late
     half of the kept blocks; ``epochs`` of healing (0: cut only). ``eval_data`` (or ``data``'s own
     ``train/``+``validation/`` layout) separates healing from evaluation images (:func:`load_split`); images are
-    normalised with ``mean``/``std``, else as the checkpoint records (:func:`~isiwatch.data.resolve_normalization`).
+    normalised with ``mean``/``std``, else as the checkpoint records
+    (:func:`~isiwatch.model_images.resolve_normalization`).
     The report and the output's metadata record the images, the normalisation and the weights (EMA or not)
     used. The input file is never written; outputs are written atomically, only after everything succeeded.
     """

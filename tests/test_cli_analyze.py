@@ -18,7 +18,9 @@ from isiwatch.analysis import Analysis
 from isiwatch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from isiwatch.cli import main
 from isiwatch.depth import recommend_depth
-from isiwatch.offline import analyze_checkpoint, resolve_normalization
+from isiwatch.model_images import resolve_normalization
+from isiwatch.models import build_model
+from isiwatch.offline import analyze_checkpoint
 
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=4, num_heads=2)
 
@@ -70,7 +72,7 @@ def test_timm_train_checkpoint_prefers_ema_and_reads_args(vit, tmp_path):
     ckpt = load_checkpoint(path)
     assert ckpt.model_kwargs["num_heads"] == 2 and ckpt.model_kwargs["depth"] == 4
     assert torch.equal(ckpt.state_dict["cls_token"], ema["cls_token"])
-    model = ckpt.build()
+    model = build_model(ckpt)
     assert model.blocks[0].attn.num_heads == 2
     assert run("analyze", path, "--images", 100, "--out", tmp_path / "o").exit_code == 0
 
@@ -80,12 +82,12 @@ def test_plain_prefixed_and_safetensors_state_dicts(vit, tmp_path):
     torch.save({f"model.{k}": v for k, v in vit.state_dict().items()}, plain)  # Lightning-style prefix
     ckpt = load_checkpoint(plain, num_heads=2)
     assert ckpt.model_kwargs["embed_dim"] == 32 and ckpt.model_kwargs["img_size"] == 28
-    assert ckpt.build().blocks[0].attn.num_heads == 2
+    assert build_model(ckpt).blocks[0].attn.num_heads == 2
     st = tmp_path / "w.safetensors"
     save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, str(st))
     with pytest.raises(CheckpointError, match="head count is not in the tensors"):  # no guessing from the width
         load_checkpoint(st)
-    assert load_checkpoint(st, num_heads=2).build().blocks[0].attn.num_heads == 2
+    assert build_model(load_checkpoint(st, num_heads=2)).blocks[0].attn.num_heads == 2
     reg = timm.create_model("vit_tiny_patch16_224", pretrained=False, reg_tokens=2, class_token=False,
                             global_pool="avg", **KWARGS)
     path = save_checkpoint(tmp_path / "reg.safetensors", "vit_tiny_patch16_224", {"num_heads": 2}, reg.state_dict(),

@@ -8,9 +8,9 @@ import isiwatch
 from isiwatch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from isiwatch.friction import friction_alert
 from isiwatch.metrics import norm_friction
+from isiwatch.models import build_model, load_specialized
 from isiwatch.specialize import (
     SpecializeOptions,
-    load_specialized,
     parameter_overhead,
     parse_qkv_blocks,
     resolve_qkv_blocks,
@@ -194,7 +194,7 @@ def test_specialised_checkpoint_loads_back_strictly(tmp_path, fmt):
     assert ckpt.metadata["specialize"] == specialization(model).to_dict() and ckpt.metadata["note"] == "x"
     x = torch.randn(2, 1, 28, 28)
     with torch.no_grad():
-        for loaded in (ckpt.build(), load_specialized(path)):
+        for loaded in (build_model(ckpt), load_specialized(path)):
             assert specialization(loaded) == specialization(model)
             assert torch.equal(loaded.eval()(x), model(x))
 
@@ -207,11 +207,11 @@ def test_loading_refuses_plain_and_tampered_checkpoints(tmp_path):
     tampered = save_checkpoint(tmp_path / "t.pt", "vit_tiny_patch16_224", KWARGS, model.state_dict(),
                                {"specialize": {"norms": "yes"}})
     with pytest.raises(CheckpointError, match="recorded specialisation"):
-        load_checkpoint(tampered).build()
+        build_model(load_checkpoint(tampered))
     mismatched = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", KWARGS, model.state_dict(),
                                  {"specialize": {"norms": True, "qkv_blocks": [0]}})
     with pytest.raises(CheckpointError, match="weights do not fit"):
-        load_checkpoint(mismatched).build()
+        build_model(load_checkpoint(mismatched))
     with pytest.raises(ValueError, match="not specialised"):
         save_specialized(tmp_path / "x.pt", build("cls"), "vit_tiny_patch16_224", KWARGS)
     assert not (tmp_path / "x.pt").exists()

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from isiwatch.checkpoint import load_checkpoint, save_checkpoint
 from isiwatch.cli import main
+from isiwatch.models import build_model
 from isiwatch.specialize import SpecializeOptions, specialization
 
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=3, num_heads=2)
@@ -41,7 +42,7 @@ def test_specialize_writes_a_checkpoint_that_loads_and_analyzes(source, tmp_path
     assert digest(source) == before
     ckpt = load_checkpoint(out)
     assert ckpt.metadata["specialized_from"]["sha256"] == before
-    model, plain = ckpt.build().eval(), load_checkpoint(source).build().eval()
+    model, plain = build_model(ckpt).eval(), build_model(load_checkpoint(source)).eval()
     assert specialization(model) == SpecializeOptions(True, (0,), 4, False)
     x = torch.randn(2, 1, 28, 28)
     with torch.no_grad():
@@ -95,4 +96,4 @@ def test_bare_state_dict_needs_num_heads(tmp_path):
     assert special.model_kwargs["num_heads"] == 2
     x = torch.randn(2, 1, 28, 28)
     with torch.no_grad():
-        assert (special.build().eval()(x) - model(x)).abs().max() <= 1e-5
+        assert (build_model(special).eval()(x) - model(x)).abs().max() <= 1e-5

@@ -18,6 +18,7 @@ from isiwatch.block_scores import BoundaryDistances, angular_distance, block_inf
 from isiwatch.checkpoint import load_checkpoint, read_raw
 from isiwatch.cli import main
 from isiwatch.cost import count_flops, forward_flops, measure_latency
+from isiwatch.models import build_model
 from isiwatch.phases import Phases
 from isiwatch.training import train_classifier
 from isiwatch.truncate import choose_blocks, cut_vit, heal, load_split, plateau_keep, truncate
@@ -98,7 +99,7 @@ def test_default_strategy_drops_the_least_influential_blocks(timm_ckpt, folder, 
     path, _ = timm_ckpt
     result = run("truncate", path, "--keep", 6, "--epochs", 0, "--out", tmp_path / "cut.pt", "--data", folder)
     assert result.exit_code == 0, result.output
-    model = load_checkpoint(path).build()
+    model = build_model(load_checkpoint(path))
     expected = choose_blocks("bi", 8, 6, distances=boundary_distances(model, load_split(model, str(folder)).train_x))
     assert torch.load(tmp_path / "cut.pt", weights_only=True)["isiwatch"]["kept_blocks"] == expected
     assert "(bi)" in result.output
@@ -129,7 +130,7 @@ def test_bare_state_dict_needs_num_heads(vit, folder, tmp_path):
     assert result.exit_code == 0, result.output
     saved = torch.load(tmp_path / "cut.pt", weights_only=True)
     assert saved["model_kwargs"]["num_heads"] == 2 and saved["isiwatch"]["kept_blocks"] == [0, 1, 2, 3]
-    assert load_checkpoint(tmp_path / "cut.pt").build().blocks[0].attn.num_heads == 2  # recorded: reloads as is
+    assert build_model(load_checkpoint(tmp_path / "cut.pt")).blocks[0].attn.num_heads == 2  # recorded: reloads as is
 
 
 def test_foreign_corrupt_and_self_overwriting_inputs_are_refused(timm_ckpt, tmp_path):
@@ -242,7 +243,7 @@ def test_plateau_cut_from_analysis_json_heals_on_an_image_folder(vit, folder, tm
     assert result.report["healing_steps"] == 1 and result.report["held_out_images"] == 8
     loaded = load_checkpoint(tmp_path / "cut.safetensors")
     assert loaded.metadata["kept_blocks"] == [0, 1, 2, 6, 7] and loaded.model_kwargs["depth"] == 5
-    assert len(loaded.build().blocks) == 5
+    assert len(build_model(loaded).blocks) == 5
     assert json.loads((tmp_path / "r.json").read_text())["accuracy"].keys() == {"uncut", "cut", "healed"}
 
     bad = {**analysis, "layers": analysis["layers"][:6]}
@@ -285,7 +286,7 @@ def test_lightning_ckpt_with_foreign_hyper_parameters_loads_inertly(vit, tmp_pat
     ckpt = load_checkpoint(path, num_heads=2)  # not recoverable from shapes
     assert ckpt.model_kwargs["depth"] == 8 and not marker.exists()
     assert torch.equal(ckpt.state_dict["cls_token"], vit.state_dict()["cls_token"])
-    assert len(cut_vit(ckpt.build(), [0, 5]).blocks) == 2
+    assert len(cut_vit(build_model(ckpt), [0, 5]).blocks) == 2
     # a foreign object inside the state dict itself, or a non-Lightning pickle, is still refused
     torch.save({"pytorch-lightning_version": "2.6.6", "state_dict": {"w": Boom(marker)}}, tmp_path / "bad.ckpt")
     torch.save({"state_dict": vit.state_dict(), "extra": Boom(marker)}, tmp_path / "plain.pt")
@@ -368,7 +369,7 @@ def test_eval_data_separates_healing_from_evaluation(args_ckpt, folder, layout, 
     assert result.report["weights"] == "state_dict"
     assert result.report["normalization"]["source"] == "--mean/--std"
     # one folder alone: 80/20, recorded as parts of the same source
-    model = load_checkpoint(args_ckpt).build()
+    model = build_model(load_checkpoint(args_ckpt))
     split = load_split(model, str(folder))
     assert split.data["heal"] == {"source": str(folder), "images": 32, "of": 40}
     assert split.data["test"] == {"source": str(folder), "images": 4, "of": 40} and len(split.test_y) == 4

@@ -13,6 +13,7 @@ from isiwatch.checkpoint import load_checkpoint
 from isiwatch.cli import main
 from isiwatch.cut_search import CutSearch
 from isiwatch.data import embedded_digits
+from isiwatch.models import build_model
 from isiwatch.training import train_classifier
 from isiwatch.truncate import truncate
 
@@ -92,7 +93,7 @@ def test_auto_removes_spread_out_idle_blocks_within_max_drop(idle_ckpt, tmp_path
     # reported accuracy is on the test half, which took no part in the choice
     assert report["evaluated_on"] == "test" and report["held_out_images"] == search["test_images"] == 500
     assert report["strategy"] == f"auto: {winner['strategy']}"
-    loaded = load_checkpoint(tmp_path / "cut.pt").build()
+    loaded = build_model(load_checkpoint(tmp_path / "cut.pt"))
     assert len(loaded.blocks) == winner["keep"] == report["cost"]["truncated"]["blocks"]
 
 

@@ -1,0 +1,89 @@
+"""Models from checkpoint files: the timm ViT a checkpoint describes, with the token specialisation it records
+re-applied and its weights loaded strictly; and specialised checkpoints read and written.
+
+It sits above :mod:`isiwatch.checkpoint` (reading and writing files, no model transformations) and
+:mod:`isiwatch.specialize` (the transformation, no files to read).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import timm
+import torch
+from torch import nn
+
+from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from .specialize import (
+    EXACTNESS_TOLERANCE,
+    SPECIALIZE_KEY,
+    QkvBlocks,
+    apply_recorded,
+    conversion_error,
+    parameter_overhead,
+    save_specialized,
+    specialization,
+    specialize,
+)
+
+
+def build_model(ckpt: Checkpoint) -> nn.Module:
+    """``timm.create_model(arch, **model_kwargs)``, token-specialised when the checkpoint records a
+    specialisation, with the weights loaded strictly."""
+    try:
+        model = timm.create_model(ckpt.arch, pretrained=False, **ckpt.model_kwargs)
+    except Exception as exc:  # timm raises RuntimeError/KeyError/TypeError for unknown archs/kwargs
+        raise CheckpointError(f"{ckpt.path}: cannot build timm model {ckpt.arch!r}: {exc}") from None
+    if SPECIALIZE_KEY in ckpt.metadata:  # written by `isiwatch specialize`: re-apply before loading
+        apply_recorded(model, ckpt.metadata[SPECIALIZE_KEY], ckpt.path)
+    try:
+        model.load_state_dict(ckpt.state_dict, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[1].strip() if "\n" in str(exc) else str(exc)
+        raise CheckpointError(f"{ckpt.path}: weights do not fit {ckpt.arch!r}: {first}") from None
+    return model
+
+
+def load_specialized(path: str | Path, arch: str | None = None) -> nn.Module:
+    """Rebuild a specialised checkpoint: timm model → recorded specialisation → strict weight load."""
+    ckpt = load_checkpoint(path, arch=arch)
+    if SPECIALIZE_KEY not in ckpt.metadata:
+        raise CheckpointError(f"{ckpt.path}: not a specialised checkpoint (no {SPECIALIZE_KEY!r} record)")
+    return build_model(ckpt)
+
+
+def specialize_checkpoint(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    arch: str | None = None,
+    num_heads: int | None = None,
+    norms: bool = True,
+    qkv_blocks: QkvBlocks = None,
+    lora_rank: int | None = None,
+    layer_scale: bool = False,
+    fmt: str = "pt",
+    prefer_ema: bool = True,
+) -> dict:
+    """Specialise a checkpoint into ``out`` and report parameters and the conversion error.
+
+    The error is measured on 8 seeded random inputs of the model's input shape; a conversion that changes
+    the outputs by more than :data:`EXACTNESS_TOLERANCE` is refused and nothing is written.
+    """
+    checkpoint, out = Path(checkpoint), Path(out)
+    if out.resolve() == checkpoint.resolve():
+        raise ValueError(f"{out}: --out must differ from the input checkpoint (inputs are never modified)")
+    ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema, num_heads=num_heads)
+    original = build_model(ckpt)
+    model = build_model(ckpt)
+    specialize(model, norms=norms, qkv_blocks=qkv_blocks, lora_rank=lora_rank, layer_scale=layer_scale)
+    size = original.patch_embed.img_size
+    images = torch.randn(8, original.patch_embed.proj.in_channels, *size, generator=torch.Generator().manual_seed(0))
+    error = conversion_error(original, model, images)
+    if not error <= EXACTNESS_TOLERANCE:
+        raise RuntimeError(f"conversion changed the outputs by {error:.2e} > {EXACTNESS_TOLERANCE:.0e}; "
+                           "nothing written")
+    source = {"path": str(checkpoint), "sha256": ckpt.sha256}
+    save_specialized(out, model, ckpt.arch, ckpt.model_kwargs, {**ckpt.metadata, "specialized_from": source}, fmt)
+    return {"out": str(out), "arch": ckpt.arch, "options": specialization(model).to_dict(),
+            **parameter_overhead(model), "max_abs_diff": error}
