@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from .files import atomic_write
 
@@ -71,14 +72,14 @@ def read_raw(path: str | Path) -> dict:
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        if not found:
+    except Exception:
+        unsafe = _unsafe_globals(path)
+        if not unsafe:
             raise CheckpointError(f"{path}: not a readable torch or safetensors checkpoint") from None
-        obj = _read_lightning(path)
+        obj = _read_lightning(path, unsafe)
         if obj is None:
             raise CheckpointError(
-                f"{path}: refusing to load: the pickle calls {found.group(1)}, which safe (weights_only) "
+                f"{path}: refusing to load: the pickle calls {', '.join(unsafe)}, which safe (weights_only) "
                 "loading does not allow") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a dict of tensors, found {type(obj).__name__}")
@@ -101,12 +102,21 @@ class _Inert:
         pass
 
 
-def _read_lightning(path: Path) -> dict | None:
-    """The ``state_dict`` of a Lightning checkpoint whose ``hyper_parameters``/``callbacks`` hold types that
-    ``weights_only`` refuses (paths, enums, config classes): those load as inert stand-ins and are dropped.
-    None when the file is no Lightning checkpoint or its state dict itself holds such objects."""
+def _unsafe_globals(path: Path) -> list[str]:
+    """The globals the pickle names that safe (``weights_only``) loading refuses, as torch.serialization lists
+    them; empty when there are none or the file is no torch checkpoint at all."""
     try:
-        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # not a zip-format torch file: nothing to list
+        return []
+
+
+def _read_lightning(path: Path, names: list[str]) -> dict | None:
+    """The ``state_dict`` of a Lightning checkpoint whose ``hyper_parameters``/``callbacks`` hold types that
+    ``weights_only`` refuses (paths, enums, config classes; ``names``): those load as inert stand-ins and are
+    dropped. None when the file is no Lightning checkpoint or its state dict itself holds such objects."""
+    try:
         with torch.serialization.safe_globals([argparse.Namespace, *((_Inert, name) for name in names)]):
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:
@@ -186,12 +196,16 @@ def _data_config(path: Path, raw: dict, meta: dict) -> dict:
 
 
 def _strip_prefix(state: dict[str, Tensor]) -> dict[str, Tensor] | None:
-    """Remove wrapper prefixes (``module.``, ``_orig_mod.``, Lightning's ``model.``) around timm keys."""
-    for key in state:
-        if isinstance(key, str) and key.endswith(_QKV):
-            prefix = key[: -len(_QKV)]
-            return {k[len(prefix):]: v for k, v in state.items() if isinstance(k, str) and k.startswith(prefix)}
-    return None
+    """The timm model's entries without the wrapper prefix around them (``module.``, ``_orig_mod.``,
+    Lightning's ``model.``, or several), found where the first block's QKV weight sits and removed with torch's
+    ``consume_prefix_in_state_dict_if_present``; entries outside the prefix (a Lightning module's other parts)
+    are dropped. None when no block has a QKV weight."""
+    prefix = next((k[: -len(_QKV)] for k in state if isinstance(k, str) and k.endswith(_QKV)), None)
+    if prefix is None:
+        return None
+    model = {k: v for k, v in state.items() if isinstance(k, str) and k.startswith(prefix)}
+    consume_prefix_in_state_dict_if_present(model, prefix)
+    return model
 
 
 #: Dimensions of the tensors whose shapes :func:`infer_vit_kwargs` reads.

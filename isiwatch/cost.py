@@ -1,9 +1,9 @@
-"""What a model costs to run: parameters, FLOPs (``torch.utils.flop_counter``) and measured latency."""
+"""What a model costs to run: parameters, FLOPs (``torch.utils.flop_counter``) and measured latency
+(``torch.utils.benchmark``)."""
 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Mapping
 
 import torch
@@ -34,23 +34,24 @@ def forward_flops(model: nn.Module, images: Tensor) -> int:
         model.train(was_training)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.no_grad()
 def measure_latency(models: Mapping[str, nn.Module], images: Tensor, *, warmup: int = 3,
                     rounds: int = 20) -> dict[str, float]:
-    """Median wall time in milliseconds of one eval-mode forward pass over ``images`` for each model.
+    """Median wall time in milliseconds of one eval-mode forward pass over ``images`` for each model, timed with
+    ``torch.utils.benchmark.Timer`` (CUDA synchronised, the current torch thread count).
 
-    The models are interleaved (every round runs each once, in a rotating order) so that load from other
+    The models are interleaved (every round times each once, in a rotating order) so that load from other
     processes, clock changes and cache effects fall on all of them alike; ``warmup`` untimed rounds first.
     """
+    from torch.utils.benchmark import Timer  # imports torch's C++-extension tooling: only when timing
+
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     names = list(models)
     modes = {name: m.training for name, m in models.items()}
+    threads = torch.get_num_threads()
+    timers = {name: Timer("model(x)", globals={"model": m, "x": images.to(next(m.parameters()).device)},
+                          num_threads=threads, label=name) for name, m in models.items()}
     times: dict[str, list[float]] = {name: [] for name in names}
     try:
         for m in models.values():
@@ -58,15 +59,9 @@ def measure_latency(models: Mapping[str, nn.Module], images: Tensor, *, warmup: 
         for r in range(warmup + rounds):
             for k in range(len(names)):
                 name = names[(r + k) % len(names)]
-                model = models[name]
-                device = next(model.parameters()).device
-                x = images.to(device)
-                _sync(device)
-                start = time.perf_counter()
-                model(x)
-                _sync(device)
+                seconds = timers[name].timeit(1).median
                 if r >= warmup:
-                    times[name].append((time.perf_counter() - start) * 1e3)
+                    times[name].append(seconds * 1e3)
     finally:
         for name, m in models.items():
             m.train(modes[name])

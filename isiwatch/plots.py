@@ -63,23 +63,32 @@ def plot_curves(analysis: Analysis, path: str | Path, metrics: list[str] | None 
     return _save(fig, path)
 
 
-def plot_heatmaps(steps: Sequence[int], grids: dict[str, list[list[float]]], path: str | Path) -> Path:
-    """Depth × training-step heat-maps, one panel per metric; ``grids[metric]`` is (samples, depth)."""
+def heatmap_figure(steps: Sequence[int], grids: dict[str, Sequence[Sequence[float]]]):
+    """Depth × training-step heat-maps as a matplotlib figure, one panel per metric; ``grids[metric]`` is
+    (samples, depth). Block 0 at the bottom, colour scaled to each metric's range, NaN left blank. The run report
+    saves it (:func:`plot_heatmaps`) and the TensorBoard exporter logs it (``SummaryWriter.add_figure``)."""
     import numpy as np
+    from matplotlib.figure import Figure  # not pyplot: the training process's backend is left alone
 
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(grids), figsize=(4.4 * len(grids), 3.4), squeeze=False)
+    fig = Figure(figsize=(4.4 * len(grids), 3.4))
+    axes = fig.subplots(1, len(grids), squeeze=False)
+    first, last = (steps[0], steps[-1]) if steps[0] != steps[-1] else (steps[0] - 0.5, steps[0] + 0.5)
     for ax, (metric, rows) in zip(axes.flat, grids.items()):
         grid = np.asarray(rows, dtype=float).T
         image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest",
-                          extent=(steps[0], steps[-1], -0.5, grid.shape[0] - 0.5))
+                          extent=(first, last, -0.5, grid.shape[0] - 0.5))
         fig.colorbar(image, ax=ax, fraction=0.046)
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("training step", fontsize=8)
         ax.set_ylabel("block", fontsize=8)
         ax.tick_params(labelsize=7)
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
+
+
+def plot_heatmaps(steps: Sequence[int], grids: dict[str, Sequence[Sequence[float]]], path: str | Path) -> Path:
+    """:func:`heatmap_figure` as a PNG at ``path``."""
+    return _save(heatmap_figure(steps, grids), path)
 
 
 def plot_plateau_timeline(steps: Sequence[int], spans: Sequence[tuple[int, int] | None], depth: int,

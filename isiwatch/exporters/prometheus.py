@@ -122,16 +122,26 @@ class PrometheusExporter:
         self.publish()
 
     def rename(self, run: str) -> None:
-        """Publish under ``run`` from now on (a resumed run's name); series already published under the old
-        name are removed, so one run never shows as two."""
+        """Publish under ``run`` from now on (a resumed run's name); the series already published under the old
+        name are removed (each metric's ``remove``; other runs' series in a shared registry stay), so one run
+        never shows as two."""
         if run == self.run:
             return
-        for metric in (self.layer_metric, self.plateau_detected, self.plateau_start, self.plateau_end,
-                       self.plateau_length, self.onset_step, self.onset_start, self.onset_end, self.alerts_total,
-                       self.alert_active, self.alert_start, self.last_sample, self.duration, self.step, self.loss,
-                       self.stop, self.recommended_depth):
-            metric.clear()
+        self.remove_series()
         self.run = run
+
+    def remove_series(self) -> None:
+        """Remove every series this run published, and only those."""
+        by_kind = (self.alerts_total, self.alert_active, self.alert_start)
+        for metric in (self.layer_metric, *by_kind, self.plateau_detected, self.plateau_start, self.plateau_end,
+                       self.plateau_length, self.onset_step, self.onset_start, self.onset_end, self.last_sample,
+                       self.duration, self.step, self.loss, self.stop, self.recommended_depth):
+            names = ("run", "layer", "metric") if metric is self.layer_metric else (
+                ("run", "kind") if metric in by_kind else ("run",))  # as declared above
+            published = {tuple(s.labels[n] for n in names) for family in metric.collect() for s in family.samples
+                         if s.labels.get("run") == self.run}
+            for labels in published:
+                metric.remove(*labels)
 
     def write_alert(self, alert: Alert) -> None:
         self.alerts_total.labels(self.run, alert.kind).inc()

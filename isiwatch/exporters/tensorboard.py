@@ -2,8 +2,8 @@
 
 Tags: ``isiwatch/<metric>/layer_<ll>``, ``isiwatch/plateau/{start,end,length}``,
 ``isiwatch/recommended_depth`` (blocks :func:`isiwatch.depth.recommend_depth` keeps), heat-map images
-``isiwatch/heatmap/<metric>`` (rows = blocks, columns = samples, colour scaled to the metric's range over
-the shown samples) and alert text under ``isiwatch/alerts``.
+``isiwatch/heatmap/<metric>`` (:func:`isiwatch.plots.heatmap_figure`: blocks × training step over the kept
+history, colour scaled to the metric's range over the shown samples) and alert text under ``isiwatch/alerts``.
 """
 
 from __future__ import annotations
@@ -12,26 +12,9 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from ..alerts import Alert
+from ..plots import heatmap_figure
 from ..sample import Sample
-
-#: Pixels per heat-map cell (rows per block, columns per sample) so small models stay visible.
-CELL_ROWS, CELL_COLS = 8, 4
-
-
-def heatmap_image(grid: np.ndarray) -> np.ndarray:
-    """(depth, samples) values → (3, H, W) uint8 viridis image; block 0 at the top, NaN in grey."""
-    from matplotlib import colormaps
-
-    finite = np.isfinite(grid)
-    lo, hi = (grid[finite].min(), grid[finite].max()) if finite.any() else (0.0, 1.0)
-    scaled = np.where(finite, (grid - lo) / (hi - lo if hi > lo else 1.0), 0.0)
-    rgb = (colormaps["viridis"](scaled)[..., :3] * 255).astype(np.uint8)
-    rgb[~finite] = 128
-    rgb = rgb.repeat(CELL_ROWS, axis=0).repeat(CELL_COLS, axis=1)
-    return rgb.transpose(2, 0, 1)
 
 
 class TensorBoardExporter:
@@ -71,9 +54,10 @@ class TensorBoardExporter:
             return
         last = history[-1]
         for metric in last.layers:
-            rows = [s.layers.get(metric, [math.nan] * last.depth) for s in history if s.depth == last.depth]
-            grid = np.asarray(rows, dtype=float).T
-            self.writer.add_image(f"isiwatch/heatmap/{metric}", heatmap_image(grid), last.step)
+            shown = [s for s in history if s.depth == last.depth]
+            rows = [s.layers.get(metric, [math.nan] * last.depth) for s in shown]
+            figure = heatmap_figure([s.step for s in shown], {metric: rows})
+            self.writer.add_figure(f"isiwatch/heatmap/{metric}", figure, last.step)
 
     def write_alert(self, alert: Alert) -> None:
         self.writer.add_text("isiwatch/alerts", f"**{alert.kind}** ({alert.severity}): {alert.message}",
