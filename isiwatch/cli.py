@@ -177,6 +177,12 @@ def _inputs_line(weights: str, norm: dict) -> str:
             f"{numbers(norm['mean'])} std {numbers(norm['std'])} ({norm['source']})")
 
 
+def _finite(value: float, param: click.Parameter) -> float:
+    if value != value or value == float("inf"):
+        raise click.BadParameter(f"{value} is not a finite number", param=param)
+    return value
+
+
 DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                       help="Where to run the model.")
 
@@ -226,15 +232,19 @@ def analyze(checkpoint, arch, num_heads, data, images, out, metric, isi_recon, b
               help="isiwatch.yaml whose Watch options override the demo's defaults.")
 @click.option("--prometheus-port", type=click.IntRange(0, 65535), default=0, show_default=True,
               help="Port for the Prometheus endpoint on 127.0.0.1 while training (0: any free port).")
+@click.option("--serve", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
+              callback=lambda _ctx, param, value: _finite(value, param),
+              help="Keep the Prometheus endpoint up for SECONDS after the demo finishes (from training on), so a "
+                   "scraping Prometheus can fire alerts with a for: delay; Ctrl-C ends it (0: close after training).")
 @DEVICE
-def demo(out, quick, watch_config, prometheus_port, device) -> None:
+def demo(out, quick, watch_config, prometheus_port, serve, device) -> None:
     """Train a ViT on the embedded MNIST digits with Watch, analyse it, truncate it, write a report."""
     from .demo import run_demo
     from .threads import set_torch_threads
 
     click.echo(f"torch threads: {set_torch_threads()} (the idle cores now; OMP_NUM_THREADS overrides)")
     run_demo(out, quick=quick, device=_device(device), config=watch_config, prometheus_port=prometheus_port,
-             echo=click.echo)
+             serve=serve, echo=click.echo)
 
 
 @main.command()

@@ -1,8 +1,13 @@
 """`isiwatch demo --quick` end to end, `isiwatch report`, and the report page in headless Chromium."""
 
 import json
+import re
 import shutil
+import socket
 import subprocess
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,13 +25,61 @@ from isiwatch.offline import analysis_record
 from isiwatch.report import read_run, write_report
 from isiwatch.tables import recommendation_text
 
+SERVE_S = 3
+SERVED = {}  # what demo_run's scraper saw
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
+    """The quick demo, with ``--serve``: a thread scrapes its Prometheus endpoint twice a second meanwhile."""
     out = tmp_path_factory.mktemp("demo")
-    result = CliRunner().invoke(main, ["demo", "--quick", "--out", str(out)])
+    port, scrapes, done = free_port(), [], threading.Event()
+
+    def scrape():
+        while not done.wait(0.5):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+                    scrapes.append((time.monotonic(), response.read().decode()))
+            except OSError:
+                pass
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    scraper.start()
+    try:
+        result = CliRunner().invoke(main, ["demo", "--quick", "--out", str(out), "--prometheus-port", str(port),
+                                           "--serve", str(SERVE_S)])
+    finally:
+        ended = time.monotonic()
+        done.set()
+        scraper.join()
     assert result.exit_code == 0, result.output
+    SERVED.update(scrapes=scrapes, ended=ended, port=port)
     return out, result.output
+
+
+def test_demo_serve_keeps_the_exporter_up_after_the_demo_then_closes_it(demo_run):
+    out, output = demo_run
+    scrapes, ended, port = SERVED["scrapes"], SERVED["ended"], SERVED["port"]
+    assert f"serving the run's last Prometheus metrics at http://127.0.0.1:{port}/metrics for {SERVE_S} s" in output
+    last_time, last_text = scrapes[-1]
+    assert ended - last_time < SERVE_S + 0.6  # still answering in the serve window, after analysis and truncation
+    assert 'isiwatch_training_step{run="demo"} 64.0' in last_text  # the final sample
+    assert 'isiwatch_alert_active{kind="plateau_onset",run="demo"}' in last_text
+    with pytest.raises(OSError):  # closed when the serve time is over
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_bad_serve_values_are_refused_before_anything_is_written(tmp_path):
+    for value in ("-1", "nan", "soon"):
+        result = CliRunner().invoke(main, ["demo", "--quick", "--serve", value, "--out", str(tmp_path / "d")])
+        assert result.exit_code == 1 and result.output.splitlines()[-1].startswith("Error: Invalid value for '--serve'")
+        assert not (tmp_path / "d").exists()
 
 
 def test_quick_demo_writes_the_run_directory(demo_run):
@@ -46,7 +99,19 @@ def test_quick_demo_writes_the_run_directory(demo_run):
     assert "phases (token_similarity)" in output and "held-out accuracy" in output
     report = json.loads((out / "truncate_report.json").read_text())
     assert report["cost"]["truncated"]["blocks"] < 8
-    assert (("plateau" in output) == (analysis["phases"]["plateau"] is not None)) or "no plateau" in output
+    # the phase-change lines follow metrics.jsonl sample by sample; the final line is analysis.json's phases
+    spans = [(r["step"], f"plateau {r['phases']['plateau'][0]}–{r['phases']['plateau'][1]}" if r["phases"]
+              else "no plateau") for r in map(json.loads, samples)]
+    changes = [(step, span) for i, (step, span) in enumerate(spans) if i == 0 or span != spans[i - 1][1]]
+    printed = [(int(step), span) for step, span in
+               re.findall(r"step (\d+): (plateau \d+–\d+|no plateau) \(token_similarity\)", output)]
+    assert printed == changes
+    ph = analysis["phases"]
+    final = ", ".join(f"{name} {ph[name][0]}–{ph[name][1]}" for name in ("cliff", "plateau", "climb")
+                      if ph[name]) if ph["plateau"] else "no plateau detected"
+    assert f"phases (token_similarity): {final}\n" in output
+    alerts = [json.loads(line) for line in (out / "alerts.jsonl").read_text().splitlines()]
+    assert alerts and all(f"[{a['severity']}] step {a['step']}: {a['kind']}: {a['message']}" in output for a in alerts)
 
 
 def test_report_command_and_bad_run_dir(demo_run, tmp_path):
