@@ -1,6 +1,6 @@
 """The informational ``norm_friction_high`` alert: the signal that ``isiwatch.specialize`` may help.
 
-``norm_friction`` (SPEC §3) is cos([CLS], patch) on a block's input minus the same after its norm1:
+``norm_friction`` is cos([CLS], patch) on a block's input minus the same after its norm1:
 how much work the shared norm layer does to pull [CLS] apart from the patches. When it is large, the
 shared norm is doing the separation that token-specialised norms would do explicitly (arXiv
 2602.08626, Fig. 3), so the alert points at ``isiwatch specialize``. It is informational: friction is

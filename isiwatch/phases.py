@@ -1,4 +1,4 @@
-"""Cliff → Plateau → Climb segmentation of a per-layer curve (SPEC §4).
+"""Cliff → Plateau → Climb segmentation of a per-layer curve, and plateau onset over training time.
 
 The curve is fitted by a continuous three-piece model — a line (Cliff), a constant (Plateau), a line
 (Climb) — over every pair of plateau boundaries, by least squares. Continuity stops the outer pieces from
@@ -123,7 +123,7 @@ def spans_near(a: Span, b: Span, tolerance: int) -> bool:
 
 
 class PlateauTracker:
-    """Plateau onset over training time (SPEC §4).
+    """Plateau onset over training time: when a plateau has set in and stayed.
 
     Onset is the first sample at which a plateau has been present for ``patience`` consecutive samples
     with a stable span (within ±``span_tolerance`` layers of where the run started). Once onset has
