@@ -76,6 +76,16 @@ class Analysis:
             return None
         return detect_phases(curve, **{**DEFAULT_PHASE_OPTIONS, **options})
 
+    def first_blocks(self, n: int) -> Analysis:
+        """The curves of the first ``n`` blocks only, phases re-detected on them (CaiT: the self-attention
+        blocks, the only ones truncation may drop)."""
+        if n >= self.depth:
+            return self
+        cut = Analysis({m: v[:n] for m, v in self.layers.items()}, self.stem, {**self.model, "depth": n},
+                       self.phase_metric, None, self.options)
+        cut.phases = cut.detect_phases()
+        return cut
+
     def to_dict(self) -> dict:
         """The ``analysis.json`` schema; non-finite numbers become null."""
         rows = [{"index": i, **{m: finite_or_none(v[i]) for m, v in self.layers.items()}} for i in range(self.depth)]
@@ -184,7 +194,7 @@ def analyze(
     phase_options: Mapping | None = None,
     parts: ViTParts | None = None,
 ) -> Analysis:
-    """Run every SPEC §3 metric on ``images`` (B,C,H,W) and segment ``phase_metric`` into phases.
+    """Run every per-layer metric (:data:`METRICS`) on ``images`` (B,C,H,W) and segment ``phase_metric`` into phases.
 
     Images go through the model in chunks of ``batch_size`` (the centring mean of ``token_similarity``
     and the ``isi_recon`` split are per chunk); probes need ``labels`` and use one seeded train/held-out

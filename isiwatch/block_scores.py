@@ -46,7 +46,8 @@ def boundary_distances(model: nn.Module, images: Tensor, batch_size: int = 64) -
     """
     if len(images) == 0:
         raise ValueError("boundary_distances needs at least one image")
-    blocks = [bp.block for bp in vit_parts(model).blocks]
+    parts = vit_parts(model)
+    blocks = [bp.block for bp in parts.blocks[:parts.droppable]]
     param = next(model.parameters())
     n = len(blocks) + 1
     cos_sum = torch.zeros(n, n, dtype=torch.float64)

@@ -18,6 +18,23 @@ from .data import (
 )
 
 
+def model_input(model: nn.Module) -> tuple[tuple[int, int], int]:
+    """(image size (H, W), channels) a model takes: timm's patch embedding; NaFlexViT's positional grid × patch
+    size; a transformers config's ``image_size`` / ``num_channels``."""
+    embed = getattr(model, "patch_embed", None)
+    if embed is not None and getattr(embed, "img_size", None) is not None:
+        return tuple(embed.img_size), embed.proj.in_channels
+    embeds = getattr(model, "embeds", None)  # NaFlexViT
+    if embeds is not None and hasattr(embeds, "pos_embed_grid_size"):
+        (gh, gw), (ph, pw) = embeds.pos_embed_grid_size, embeds.patch_size
+        return (gh * ph, gw * pw), embeds.in_chans
+    config = getattr(model, "config", None)
+    if isinstance(getattr(config, "image_size", None), (int, list, tuple)):
+        size = config.image_size
+        return ((size, size) if isinstance(size, int) else tuple(size)), int(config.num_channels)
+    raise DataError(f"cannot tell the input size of {type(model).__name__}")
+
+
 def resolve_normalization(model: nn.Module, data: str, data_config: dict | None = None,
                           mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None
                           ) -> Normalization:
@@ -25,7 +42,7 @@ def resolve_normalization(model: nn.Module, data: str, data_config: dict | None 
     the embedded digits; else the statistics the weights were trained with (``data_config``, see
     :attr:`~isiwatch.checkpoint.Checkpoint.data_config`); else the model's ``pretrained_cfg`` (3 channels) or
     MNIST statistics (other channel counts)."""
-    in_chans = model.patch_embed.proj.in_channels
+    _, in_chans = model_input(model)
     config = data_config or {}
     interpolation = config.get("interpolation") if config.get("interpolation") in INTERPOLATIONS else "bilinear"
     if (mean is None) != (std is None):
@@ -49,8 +66,7 @@ def probe_images(model: nn.Module, data: str, count: int | None,
                  norm: Normalization | None = None) -> tuple[Tensor, Tensor]:
     """``count`` labelled images for ``model``: 'mnist' = the embedded held-out digits, else an ImageFolder;
     normalised with ``norm`` (default: :func:`resolve_normalization` without a checkpoint's data config)."""
-    img_size = model.patch_embed.img_size
-    in_chans = model.patch_embed.proj.in_channels
+    img_size, in_chans = model_input(model)
     norm = norm or resolve_normalization(model, data)
     if data == "mnist":
         images, labels = held_out_digits(count)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from .model_images import model_input
 from .specialize import (
     EXACTNESS_TOLERANCE,
     SPECIALIZE_KEY,
@@ -77,8 +78,8 @@ def specialize_checkpoint(
     original = build_model(ckpt)
     model = build_model(ckpt)
     specialize(model, norms=norms, qkv_blocks=qkv_blocks, lora_rank=lora_rank, layer_scale=layer_scale)
-    size = original.patch_embed.img_size
-    images = torch.randn(8, original.patch_embed.proj.in_channels, *size, generator=torch.Generator().manual_seed(0))
+    size, in_chans = model_input(original)
+    images = torch.randn(8, in_chans, *size, generator=torch.Generator().manual_seed(0))
     error = conversion_error(original, model, images)
     if not error <= EXACTNESS_TOLERANCE:
         raise RuntimeError(f"conversion changed the outputs by {error:.2e} > {EXACTNESS_TOLERANCE:.0e}; "

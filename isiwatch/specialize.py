@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from timm.layers import LayerScale
+from timm.models.vision_transformer import Attention as VitAttention
 from torch import nn
 
 from .checkpoint import CheckpointError, save_checkpoint
@@ -133,6 +134,9 @@ def specialize(
                     raise ValueError(f"block {index} has no LayerScale {name} (build the model with init_values)")
                 replacements.append((block, name, TokenLayerScale.from_layer_scale(getattr(block, name), prefix)))
         if index in qkv:
+            if not isinstance(block.attn, VitAttention):
+                raise ValueError(f"block {index}: {type(block.attn).__name__} does not compute q, k, v through its "
+                                 "qkv module alone (EVA and BEiT add separate biases); qkv_blocks cannot specialise it")
             replacements.append((block.attn, "qkv", TokenLinear.from_linear(block.attn.qkv, prefix, lora_rank)))
     for parent, name, layer in replacements:
         setattr(parent, name, layer)

@@ -2,7 +2,8 @@
 
 Strategies choose which blocks to keep:
 
-- ``plateau``: drop the blocks that sit on the plateau of a per-layer curve (SPEC §8). The curve is measured
+- ``plateau``: drop the blocks that sit on the plateau of a per-layer curve
+  (:mod:`isiwatch.phases`). The curve is measured
   on block *outputs*, so a plateau ``(s, e)`` says block ``s`` already reached the plateau level and blocks
   ``s+1..e`` kept it there: those are dropped (the default keep is ``L − (e − s)``). Any other ``keep``
   drops the blocks nearest the middle of that run first (later blocks first on ties).
@@ -46,9 +47,10 @@ from .cut_search import (
 from .data import DIGITS_TRAIN, DataError, Normalization, embedded_digits, fit_to_model, renormalize
 from .depth import DepthRecommendation, recommend_depth
 from .files import write_json
-from .model_images import probe_images, resolve_normalization
+from .model_images import model_input, probe_images, resolve_normalization
 from .models import build_model
 from .phases import Phases
+from .taps import vit_parts
 from .training import accuracy, predict, train_classifier
 from .truncate_report import candidates_table, measure, report_table
 
@@ -57,17 +59,18 @@ __all__ = ["STRATEGIES", "Execution", "Split", "TruncateRequest", "TruncateResul
            "report", "report_table", "truncate", "write"]
 
 #: Modules after the blocks that healing always trains (those the model has).
-HEAD_MODULES = ("norm", "fc_norm", "attn_pool", "head_drop", "head", "head_dist")
+HEAD_MODULES = ("blocks_token_only", "norm", "fc_norm", "attn_pool", "head_drop", "head", "head_dist")
 #: Share of an ImageFolder held out (halved into validation and test).
 HELD_OUT_FRACTION = 0.2
 #: Timed rounds per candidate when ``auto`` measures latency.
 LATENCY_ROUNDS = 10
 
 
-def _blocks(model: nn.Module) -> nn.Sequential:
+def _blocks(model: nn.Module) -> nn.Sequential | nn.ModuleList:
+    """The blocks truncation may drop: a timm model's ``blocks`` (CaiT's class-attention blocks are apart)."""
     blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.Sequential) or len(blocks) == 0:
-        raise ValueError(f"cannot truncate {type(model).__name__}: expected a timm ViT with a `blocks` Sequential")
+    if not isinstance(blocks, (nn.Sequential, nn.ModuleList)) or len(blocks) == 0:
+        raise ValueError(f"cannot truncate {type(model).__name__}: expected a timm ViT with a `blocks` list")
     return blocks
 
 
@@ -123,12 +126,13 @@ def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
     if not kept or sorted(set(kept)) != list(kept) or not 0 <= kept[0] <= kept[-1] < depth:
         raise ValueError(f"kept blocks must be ascending, distinct indices below {depth}, got {kept}")
     source = model.blocks
-    model.blocks = nn.Sequential()  # keep the dropped blocks out of the copy
+    model.blocks = type(source)()  # keep the dropped blocks out of the copy
     try:
         cut = copy.deepcopy(model)
     finally:
         model.blocks = source
-    cut.blocks = nn.Sequential(*(copy.deepcopy(source[i]) for i in kept))
+    blocks = [copy.deepcopy(source[i]) for i in kept]
+    cut.blocks = nn.Sequential(*blocks) if isinstance(source, nn.Sequential) else nn.ModuleList(blocks)
     return cut
 
 
@@ -206,7 +210,7 @@ def train_val_dirs(data: str) -> tuple[Path, Path] | None:
 def _images(model: nn.Module, data: str, norm: Normalization | None) -> tuple[Tensor, Tensor]:
     if data == "mnist":
         images, labels = embedded_digits()
-        images = fit_to_model(images, model.patch_embed.img_size, model.patch_embed.proj.in_channels)
+        images = fit_to_model(images, *model_input(model))
         return renormalize(images, norm) if norm is not None else images, labels
     return probe_images(model, data, None, norm)
 
@@ -372,12 +376,15 @@ def plan(request: TruncateRequest) -> TruncationPlan:
     depth = len(_blocks(uncut))
     if r.keep is not None and not 1 <= r.keep < depth:
         raise ValueError(f"--keep must be between 1 and {depth - 1} for this {depth}-block model, got {r.keep}")
-    source_analysis = _read_analysis(r.analysis, depth, ckpt.sha256) if r.analysis is not None else None
+    tapped = vit_parts(uncut).depth  # CaiT: its class-attention blocks follow the droppable ones
+    source_analysis = _read_analysis(r.analysis, tapped, ckpt.sha256) if r.analysis is not None else None
     norm = resolve_normalization(uncut, r.data, ckpt.data_config, r.mean, r.std)
     split = load_split(uncut, r.data, r.eval_data, norm)
     metric = r.metric or (source_analysis.phase_metric if source_analysis else DEFAULT_PHASE_METRIC)
     if source_analysis is None and (r.keep is None or r.strategy == "plateau"):
         source_analysis = analyze(uncut, split.train_x[:r.images], split.train_y[:r.images], phase_metric=metric)
+    if source_analysis is not None:
+        source_analysis = source_analysis.first_blocks(depth)
     phases = _phases(source_analysis, metric) if source_analysis is not None else None
     recommendation = recommend_depth(source_analysis, r.max_drop / 100) if source_analysis is not None else None
     distances = (boundary_distances(uncut, split.train_x[:r.images]) if r.strategy in ("auto", "bi", "angular")

@@ -65,7 +65,8 @@ class ViTParts:
 
     ``patch_embed``: module whose output is the patch embedding E before positional encoding (None when the
     model has none); ``embed_tokens`` turns that output into (B,N,D) tokens; ``num_prefix_tokens`` / ``has_cls``
-    describe the model's token sequence (the blocks may see fewer, see :class:`BlockParts`).
+    describe the model's token sequence (the blocks may see fewer, see :class:`BlockParts`);
+    ``droppable_blocks``: how many leading blocks truncation may drop (None: all; CaiT: its self-attention blocks).
     """
 
     family: str
@@ -74,10 +75,15 @@ class ViTParts:
     num_prefix_tokens: int
     has_cls: bool
     embed_tokens: Callable[[Any], Tensor] = field(default=lambda out: tokens_last(first_output(out)))
+    droppable_blocks: int | None = None
 
     @property
     def depth(self) -> int:
         return len(self.blocks)
+
+    @property
+    def droppable(self) -> int:
+        return self.depth if self.droppable_blocks is None else self.droppable_blocks
 
 
 def tokens_last(e: Tensor) -> Tensor:

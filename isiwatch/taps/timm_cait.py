@@ -38,4 +38,5 @@ def parts(model: nn.Module) -> ViTParts | None:
               for b in model.blocks]
     blocks += [BlockParts(b, (b.attn,), ((b.attn, lambda _i, out, b=b: b.gamma_1 * out),), b.norm1, 1, has_cls,
                           _class_attention_io) for b in model.blocks_token_only]
-    return ViTParts("timm", blocks, model.patch_embed, model.num_prefix_tokens, has_cls)
+    return ViTParts("timm", blocks, model.patch_embed, model.num_prefix_tokens, has_cls,
+                    droppable_blocks=len(model.blocks))
