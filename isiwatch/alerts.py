@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .friction import friction_alert
 from .state import checked, is_count
@@ -46,9 +46,9 @@ class Alert:
     run: str
     severity: str
     message: str
-    data: dict = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -58,7 +58,7 @@ class Condition:
 
     active: bool
     message: str = ""
-    data: dict = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 AlertSink = Callable[[Alert], None]
@@ -181,12 +181,12 @@ class AlertEngine:
             except Exception:  # a broken sink must not stop training
                 logger.exception("isiwatch: alert sink %r failed", sink)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"active": sorted(self.active),
                 "opened": {kind: {"step": a.step, "time": a.time, "message": a.message, "data": a.data}
                            for kind, a in sorted(self.opened.items())}}
 
-    def load_state_dict(self, state: dict, where: str = "AlertEngine state") -> None:
+    def load_state_dict(self, state: Mapping[str, Any], where: str = "AlertEngine state") -> None:
         """``opened`` (where each open episode began) is optional: states saved before it existed lack it."""
         kinds = (lambda v: isinstance(v, (list, tuple)) and all(isinstance(k, str) and k in ALERT_KINDS for k in v),
                  f"a list of alert kinds ({', '.join(ALERT_KINDS)})")

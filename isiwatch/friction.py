@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .analysis import Analysis
@@ -27,7 +27,7 @@ ALERT_KIND = "norm_friction_high"
 
 
 def friction_alert(source: Analysis | Mapping[str, Sequence[float]] | Sequence[float],
-                   threshold: float = FRICTION_THRESHOLD) -> dict | None:
+                   threshold: float = FRICTION_THRESHOLD) -> dict[str, Any] | None:
     """An alert record when the largest per-block ``norm_friction`` reaches ``threshold``, else None.
 
     ``source``: an :class:`~isiwatch.analysis.Analysis`, a ``layers`` mapping of curves, or the
@@ -35,8 +35,8 @@ def friction_alert(source: Analysis | Mapping[str, Sequence[float]] | Sequence[f
     ``{"kind", "severity": "info", "message", "data"}``; the caller adds step/time/run and episodes.
     None as well when the model has no [CLS] (no curve) or no finite value.
     """
-    layers = getattr(source, "layers", source)
-    curve = layers.get("norm_friction", ()) if isinstance(layers, Mapping) else layers
+    layers: Any = getattr(source, "layers", source)
+    curve: Sequence[float] = layers.get("norm_friction", ()) if isinstance(layers, Mapping) else layers
     values = [(i, float(v)) for i, v in enumerate(curve) if math.isfinite(v)]
     if not values:
         return None

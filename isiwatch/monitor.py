@@ -13,14 +13,16 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-from .alerts import Alert, AlertEngine, AlertRules, log_sink
+from .alerts import Alert, AlertEngine, AlertRules, AlertSink, log_sink
 from .analysis import METRICS, analyze, tracked_metrics, untracked_reason
-from .config import build_options
+from .config import WatchOptions, build_options
 from .depth import recommend_depth
 from .exporters import JsonlExporter, PrometheusExporter, TensorBoardExporter
 from .phases import PlateauTracker
@@ -28,6 +30,9 @@ from .sample import PLATEAU_SERIES, Sample, series_names
 from .state import PRESENT, checked, is_count, is_number, optional
 from .stopping import EarlyStopping, PlateauStopping
 from .taps import ViTParts, input_problem, unwrap_model, vit_parts
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 logger = logging.getLogger("isiwatch")
 
@@ -40,7 +45,7 @@ def _stall_entry(entry: object) -> bool:
     return isinstance(entry, (list, tuple)) and len(entry) == 2 and all(is_number(v) for v in entry)
 
 
-def _check_probe_batch(parts: ViTParts, images: object, labels: object, opts) -> None:
+def _check_probe_batch(parts: ViTParts, images: object, labels: object, opts: WatchOptions) -> None:
     """The probe batch fits the model and the options, checked without a forward pass."""
     if not isinstance(images, Tensor) or images.dim() != 4 or len(images) < 4:
         shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
@@ -94,9 +99,11 @@ class Watch:
     """
 
     def __init__(self, model: nn.Module, probe_images: Tensor, probe_labels: Tensor | None = None, *,
-                 every_n_steps: int | None = None, log_dir: str | Path | None = None, registry=None,
+                 every_n_steps: int | None = None, log_dir: str | Path | None = None,
+                 registry: CollectorRegistry | None = None,
                  prometheus_port: int | None = None, run_name: str | None = None,
-                 config: str | Path | dict | None = None, alert_callback=None, **options):
+                 config: str | Path | dict[str, Any] | None = None, alert_callback: AlertSink | None = None,
+                 **options: Any):
         explicit = {k: v for k, v in {"every_n_steps": every_n_steps, "prometheus_port": prometheus_port,
                                       "run_name": run_name,
                                       "log_dir": None if log_dir is None else str(log_dir)}.items()
@@ -131,7 +138,7 @@ class Watch:
         self._closed = False
 
         self.jsonl = self.tensorboard = self.prometheus = None
-        sinks = [log_sink]
+        sinks: list[AlertSink] = [log_sink]
         if self.rank == 0:
             if opts.log_dir:
                 self.jsonl = JsonlExporter(opts.log_dir, self.run)
@@ -251,7 +258,7 @@ class Watch:
         return bool(flag.item())
 
     # -- state ------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume alerts, onset tracking and early stopping (not the history)."""
         return {"version": 1, "run": self.run, "last_step": self.last_step, "should_stop": self.should_stop,
                 "stop_reason": self.stop_reason, "tracker": self.tracker.state_dict(),
@@ -259,7 +266,7 @@ class Watch:
                 "plateau_stopper": self.plateau_stopper.state_dict() if self.plateau_stopper else None,
                 "isi_stall": [list(p) for p in self.rules.stall]}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output, all or nothing: the whole state is validated (and loaded into
         fresh policies) before anything is assigned, so a bad state raises ``ValueError`` naming the field
         and leaves the Watch as it was."""
@@ -329,5 +336,5 @@ class Watch:
     def __enter__(self) -> Watch:
         return self
 
-    def __exit__(self, exc_type, *exc) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self.close(final_sample=exc_type is None)  # no probe pass on a model an exception left behind

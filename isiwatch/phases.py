@@ -10,8 +10,9 @@ single straight line; otherwise the curve has no plateau.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ class Phases:
     def length(self) -> int:
         return self.plateau[1] - self.plateau[0] + 1
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"plateau": list(self.plateau), "cliff": list(self.cliff) if self.cliff else None,
                 "climb": list(self.climb) if self.climb else None, "length": self.length}
 
@@ -48,7 +49,8 @@ def _free_slope(y: np.ndarray) -> float:
     return float(np.polyfit(i, y, 1)[0])
 
 
-def _best_fit(y: np.ndarray, starts, min_layers: int, pin_end: bool = False):
+def _best_fit(y: np.ndarray, starts: Iterable[int], min_layers: int, pin_end: bool = False
+              ) -> tuple[float, int, int, np.ndarray]:
     """Least-squares continuous line–constant–line fit over plateau starts ``starts``."""
     n = len(y)
     i = np.arange(n, dtype=float)
@@ -66,6 +68,8 @@ def _best_fit(y: np.ndarray, starts, min_layers: int, pin_end: bool = False):
             sse, coef = _sse(np.stack(cols, 1), y)
             if best is None or sse < best[0] - 1e-12:
                 best = (sse, s, e, coef)
+    if best is None:
+        raise ValueError(f"no plateau of at least {min_layers} layers fits a curve of {n} points")
     return best
 
 
@@ -162,11 +166,11 @@ class PlateauTracker:
             return True
         return False
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"anchor": list(self.anchor) if self.anchor else None, "run_length": self.run_length,
                 "absent": self.absent, "onset_step": self.onset_step}
 
-    def load_state_dict(self, state: dict, where: str = "PlateauTracker state") -> None:
+    def load_state_dict(self, state: Mapping[str, Any], where: str = "PlateauTracker state") -> None:
         s = checked(state, where, anchor=SPAN, run_length=COUNT, absent=COUNT,
                     onset_step=(optional(is_count), "null or an int >= 0"))
         self.anchor = tuple(s["anchor"]) if s["anchor"] else None
