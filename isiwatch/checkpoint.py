@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,7 +71,10 @@ def read_raw(path: str | Path) -> dict:
     if path.suffix == ".safetensors" or (len(head) >= 9 and head[8:9] == b"{"):
         return _read_safetensors(path)
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
+            # a foreign (legacy, protocol > 2) pickle: torch warns before refusing or reading it; the outcome is
+            # what counts, and a CLI error must stay one line
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:
         unsafe = _unsafe_globals(path)

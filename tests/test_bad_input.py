@@ -1,0 +1,198 @@
+"""The bad-input corpus: every command with each of its bad inputs exits non-zero with exactly one line on
+stderr (``Error: ...``, no traceback), leaves every input file byte for byte as it was, and leaves no output
+behind (not even a temporary file). Each case runs the ``isiwatch`` CLI in-process (click's CliRunner, stdout
+and stderr apart, in the case's own working directory), so the corpus stays fast."""
+
+import hashlib
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from click.testing import CliRunner
+
+from isiwatch.checkpoint import save_checkpoint
+from isiwatch.cli import main
+
+KWARGS = {"img_size": 28, "patch_size": 7, "in_chans": 1, "num_classes": 10, "embed_dim": 32, "depth": 2,
+          "num_heads": 2}
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+@pytest.fixture(scope="module")
+def good_checkpoint(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", **KWARGS)
+    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "model.pt", "vit_tiny_patch16_224", KWARGS,
+                           model.state_dict())
+
+
+def image_folder(root: Path, size: tuple[int, int], count: int = 2) -> None:
+    from PIL import Image
+
+    for label in ("0", "1"):
+        (root / label).mkdir(parents=True)
+        for i in range(count):
+            Image.new("L", size, color=i * 40).save(root / label / f"{i}.png")
+
+
+# Each case: id -> (setup(tmp, good) -> None: writes the inputs into tmp, CLI args with {tmp} and {ckpt}).
+def copy_ckpt(tmp, good):
+    shutil.copy(good, tmp / "model.pt")
+
+
+def write(name, data):
+    def setup(tmp, good):
+        copy_ckpt(tmp, good)
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return setup
+
+
+def truncated_ckpt(tmp, good):
+    data = good.read_bytes()
+    (tmp / "cut.pt").write_bytes(data[: len(data) // 2])
+
+
+def malicious(tmp, good):
+    with open(tmp / "evil.pt", "wb") as fh:
+        pickle.dump({"state_dict": RunsCode()}, fh)
+
+
+def folder(size):
+    def setup(tmp, good):
+        copy_ckpt(tmp, good)
+        image_folder(tmp / "data", size)
+    return setup
+
+
+def corrupt_image(tmp, good):
+    """An ImageFolder with one file that is no image (other sizes are fine: images are resized to the model)."""
+    folder((9, 13))(tmp, good)
+    (tmp / "data" / "1" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+
+
+def empty_folder(tmp, good):
+    copy_ckpt(tmp, good)
+    (tmp / "data").mkdir()
+
+
+def run_dir_with(name, text):
+    def setup(tmp, good):
+        (tmp / "run").mkdir()
+        (tmp / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+        (tmp / "run" / name).write_text(text)
+    return setup
+
+
+PY_TAG = "every_n_steps: !!python/object/apply:os.system ['touch PWNED']\n"
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+
+CASES = {
+    # analyze
+    "analyze-missing-file": (None, ["analyze", "{tmp}/nope.pt", "--out", "{tmp}/o"]),
+    "analyze-directory": (empty_folder, ["analyze", "{tmp}/data", "--out", "{tmp}/o"]),
+    "analyze-garbage": (write("junk.pt", b"\x00garbage" * 100), ["analyze", "{tmp}/junk.pt", "--out", "{tmp}/o"]),
+    "analyze-empty-file": (write("empty.pt", b""), ["analyze", "{tmp}/empty.pt", "--out", "{tmp}/o"]),
+    "analyze-truncated": (truncated_ckpt, ["analyze", "{tmp}/cut.pt", "--out", "{tmp}/o"]),
+    "analyze-pickle-that-runs-code": (malicious, ["analyze", "{tmp}/evil.pt", "--out", "{tmp}/o"]),
+    "analyze-json-not-checkpoint": (write("x.pt", '{"a": 1}'), ["analyze", "{tmp}/x.pt", "--out", "{tmp}/o"]),
+    "analyze-empty-data": (empty_folder, ["analyze", "{tmp}/model.pt", "--data", "{tmp}/data", "--out", "{tmp}/o"]),
+    "analyze-missing-data": (copy_ckpt, ["analyze", "{tmp}/model.pt", "--data", "{tmp}/none", "--out", "{tmp}/o"]),
+    "analyze-wrong-arch": (copy_ckpt, ["analyze", "{tmp}/model.pt", "--arch", "resnet18", "--out", "{tmp}/o"]),
+    "analyze-images-0": (copy_ckpt, ["analyze", "{tmp}/model.pt", "--images", "0", "--out", "{tmp}/o"]),
+    "analyze-bad-mean": (copy_ckpt, ["analyze", "{tmp}/model.pt", "--mean", "abc", "--out", "{tmp}/o"]),
+    "analyze-zero-std": (copy_ckpt, ["analyze", "{tmp}/model.pt", "--mean", "0.5", "--std", "0", "--out",
+                                     "{tmp}/o"]),
+    "analyze-bad-metric": (copy_ckpt, ["analyze", "{tmp}/model.pt", "--metric", "nope", "--out", "{tmp}/o"]),
+    "analyze-unknown-option": (copy_ckpt, ["analyze", "{tmp}/model.pt", "--bogus"]),
+    "analyze-out-is-a-file": (write("o", "keep me"), ["analyze", "{tmp}/model.pt", "--out", "{tmp}/o"]),
+    # truncate
+    "truncate-missing": (None, ["truncate", "{tmp}/nope.pt", "--out", "{tmp}/o.pt"]),
+    "truncate-garbage": (write("junk.pt", b"PK\x03\x04" + b"\x00" * 64), ["truncate", "{tmp}/junk.pt", "--out",
+                                                                         "{tmp}/o.pt"]),
+    "truncate-out-is-input": (copy_ckpt, ["truncate", "{tmp}/model.pt", "--out", "{tmp}/model.pt", "--keep", "1"]),
+    "truncate-report-is-out": (copy_ckpt, ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o.pt", "--report",
+                                           "{tmp}/o.pt", "--keep", "1", "--epochs", "0"]),
+    "truncate-negative-max-drop": (copy_ckpt, ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o.pt", "--max-drop",
+                                               "-1"]),
+    "truncate-nan-max-drop": (copy_ckpt, ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o.pt", "--max-drop", "nan"]),
+    "truncate-budget-0": (copy_ckpt, ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o.pt", "--budget", "0"]),
+    "truncate-keep-too-many": (copy_ckpt, ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o.pt", "--keep", "5",
+                                           "--epochs", "0"]),
+    "truncate-bad-analysis": (write("a.json", "{not json"), ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o.pt",
+                                                             "--analysis", "{tmp}/a.json", "--strategy", "plateau"]),
+    "truncate-bad-strategy": (copy_ckpt, ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o.pt", "--strategy", "x"]),
+    "truncate-missing-out": (copy_ckpt, ["truncate", "{tmp}/model.pt"]),
+    "truncate-corrupt-image": (corrupt_image, ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o.pt",
+                                               "--data", "{tmp}/data", "--keep", "1", "--epochs", "0"]),
+    "analyze-corrupt-image": (corrupt_image, ["analyze", "{tmp}/model.pt", "--data", "{tmp}/data", "--out",
+                                              "{tmp}/o"]),
+    # specialize
+    "specialize-garbage": (write("junk.pt", b"junk"), ["specialize", "{tmp}/junk.pt", "--out", "{tmp}/o.pt"]),
+    "specialize-bad-qkv-blocks": (copy_ckpt, ["specialize", "{tmp}/model.pt", "--out", "{tmp}/o.pt",
+                                              "--qkv-blocks", "abc"]),
+    "specialize-lora-rank-0": (copy_ckpt, ["specialize", "{tmp}/model.pt", "--out", "{tmp}/o.pt",
+                                           "--lora-rank", "0"]),
+    "specialize-out-is-input": (copy_ckpt, ["specialize", "{tmp}/model.pt", "--out", "{tmp}/model.pt"]),
+    # report
+    "report-missing": (None, ["report", "{tmp}/nowhere"]),
+    "report-file-not-dir": (write("run", "x"), ["report", "{tmp}/run"]),
+    "report-empty-dir": (empty_folder, ["report", "{tmp}/data"]),
+    "report-malformed-line": (run_dir_with("alerts.jsonl", "{bad\n{\"kind\": \"x\"}\n"), ["report", "{tmp}/run"]),
+    # demo (refused before anything is trained)
+    "demo-port-out-of-range": (None, ["demo", "--quick", "--prometheus-port", "99999", "--out", "{tmp}/d"]),
+    "demo-negative-serve": (None, ["demo", "--quick", "--serve", "-5", "--out", "{tmp}/d"]),
+    "demo-bad-device": (None, ["demo", "--quick", "--device", "tpu", "--out", "{tmp}/d"]),
+    "demo-python-tag-config": (write("w.yaml", PY_TAG), ["demo", "--quick", "--config", "{tmp}/w.yaml", "--out",
+                                                         "{tmp}/d"]),
+    # config check and --config
+    "config-check-missing": (None, ["config", "check", "{tmp}/none.yaml"]),
+    "config-check-directory": (empty_folder, ["config", "check", "{tmp}/data"]),
+    "config-check-python-tag": (write("c.yaml", PY_TAG), ["config", "check", "{tmp}/c.yaml"]),
+    "config-check-alias-bomb": (write("c.yaml", BOMB), ["config", "check", "{tmp}/c.yaml"]),
+    "config-check-duplicate-key": (write("c.yaml", "patience: 1\npatience: 2\n"), ["config", "check",
+                                                                                 "{tmp}/c.yaml"]),
+    "config-check-unknown-key": (write("c.yaml", "evry_n_steps: 5\n"), ["config", "check", "{tmp}/c.yaml"]),
+    "config-check-bad-value": (write("c.yaml", "every_n_steps: -5\n"), ["config", "check", "{tmp}/c.yaml"]),
+    "config-check-bad-section": (write("c.yaml", "analyze: {images: abc}\n"), ["config", "check", "{tmp}/c.yaml"]),
+    "config-check-binary": (write("c.yaml", b"\xff\xfe\x00\x01"), ["config", "check", "{tmp}/c.yaml"]),
+    "config-check-not-a-mapping": (write("c.yaml", "- 1\n- 2\n"), ["config", "check", "{tmp}/c.yaml"]),
+    "global-config-python-tag": (write("c.yaml", PY_TAG), ["--config", "{tmp}/c.yaml", "analyze", "{tmp}/model.pt"]),
+    "global-config-missing": (copy_ckpt, ["--config", "{tmp}/none.yaml", "analyze", "{tmp}/model.pt"]),
+    "unknown-command": (None, ["frobnicate"]),
+}
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_one_line_error_inputs_unchanged_nothing_left(case, good_checkpoint, tmp_path, monkeypatch):
+    setup, args = CASES[case]
+    if setup is not None:
+        setup(tmp_path, good_checkpoint)
+    before = snapshot(tmp_path)
+    args = [a.format(tmp=tmp_path) for a in args]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ISIWATCH_DEBUG", raising=False)
+    result = CliRunner().invoke(main, args)
+    assert isinstance(result.exception, SystemExit), result.exc_info  # not an exception that escaped the CLI
+    errors = result.stderr.splitlines()
+    assert result.exit_code != 0, result.stdout[-2000:]
+    assert len(errors) == 1 and errors[0].startswith("Error: "), result.stderr[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert len(errors[0]) < 400
+    assert snapshot(tmp_path) == before  # inputs unchanged, no output, no temporary file
+    assert not (tmp_path / "PWNED").exists()
