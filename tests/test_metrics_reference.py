@@ -112,9 +112,82 @@ def test_stem_points_and_isi_recon():
     assert set(result.stem) == {"pre_pe", "embed"}
     with torch.no_grad():
         e = model.patch_embed(images)
-    assert result.stem["pre_pe"]["token_similarity"] == pytest.approx(
-        float(isiwatch.metrics.token_similarity(e, 0).mean()), rel=1e-5)
+    u = F.normalize(e - e.mean((0, 1)), dim=-1)  # centred mean pairwise cosine (i ≠ j), written out
+    n = u.shape[1]
+    expected = torch.stack([((g := ui @ ui.T).sum() - g.diagonal().sum()) / (n * (n - 1)) for ui in u]).mean()
+    assert result.stem["pre_pe"]["token_similarity"] == pytest.approx(float(expected), rel=1e-5)
     assert len(result.layers["isi_recon"]) == 4
     assert all(-2 < v < 1 for v in result.layers["isi_recon"])
     row = result.to_dict()["layers"][0]
     assert row["index"] == 0 and {"probe_cls", "probe_patch_mean", "isi", "isi_recon"} <= set(row)
+
+
+def reference_ridge_predict(x_train, y_train, x_test):
+    """Ridge with an unpenalised intercept on features standardised on the training rows, its regulariser
+    λ = α·‖X‖²_F / min(n, D) (α in 1e-4 … 1e2: relative to the mean squared singular value) chosen by
+    brute-force leave-one-out mean squared error (refit without each row; ties to the larger α).
+    x_*: (K, n, D), y_train: (K, n, C), float64. Returns the test predictions (K, m, C)."""
+    k, n, d = x_train.shape
+    mean, scale = x_train.mean(1, keepdim=True), x_train.std(1, keepdim=True).clamp_min(1e-6)
+    xs, xt = (x_train - mean) / scale, (x_test - mean) / scale
+    eye = torch.eye(d, dtype=torch.float64)
+
+    def fit(x, y, lam):  # (..., r, D), (..., r, C), (..., 1, 1) -> weights, intercept
+        x_bar, y_bar = x.mean(-2, keepdim=True), y.mean(-2, keepdim=True)
+        xc = x - x_bar
+        w = torch.linalg.solve(xc.transpose(-1, -2) @ xc + lam * eye, xc.transpose(-1, -2) @ (y - y_bar))
+        return w, y_bar - x_bar @ w
+
+    best, best_lam = None, None
+    for alpha in [10.0 ** e for e in range(-4, 3)]:
+        lam = alpha * xs.pow(2).sum((1, 2)) / min(n, d)  # (K,)
+        errors = []
+        for i in range(n):
+            rest = [j for j in range(n) if j != i]
+            w, b = fit(xs[:, rest], y_train[:, rest], lam.view(k, 1, 1))
+            errors.append((xs[:, i:i + 1] @ w + b - y_train[:, i:i + 1]).pow(2).mean((1, 2)))
+        score = -torch.stack(errors).mean(0)  # (K,)
+        take = score >= best if best is not None else torch.ones(k, dtype=torch.bool)
+        best = torch.where(take, score, best) if best is not None else score
+        best_lam = torch.where(take, lam, best_lam) if best_lam is not None else lam
+    w, b = fit(xs, y_train, best_lam.view(k, 1, 1))
+    return xt @ w + b
+
+
+def reference_isi_recon(tokens, targets, train, test, components=8):
+    """The paper's reconstruction ISI as isiwatch's recipe states it: held-out R² of recovering the patch
+    embeddings E (B,N,De) from the layer's patch tokens H (B,N,D), all positions together (each token
+    reduced to its top principal components of the pooled training tokens) minus position by position."""
+    h, e = tokens.double(), targets.double()
+    e_bar = e[train].mean(0, keepdim=True)
+
+    def r2(pred):
+        return float(1 - (e[test] - pred).pow(2).sum() / (e[test] - e_bar).pow(2).sum())
+
+    per_position = reference_ridge_predict(h[train].transpose(0, 1), e[train].transpose(0, 1),
+                                           h[test].transpose(0, 1)).transpose(0, 1)
+    pooled = h[train].flatten(0, 1)
+    centre = pooled.mean(0)
+    basis = torch.linalg.svd(pooled - centre, full_matrices=False).Vh[:components].T  # (D, k)
+    flat = ((h - centre) @ basis).flatten(1)  # (B, N·k)
+    together = reference_ridge_predict(flat[train][None], e[train].flatten(1)[None], flat[test][None])[0]
+    return r2(together.view_as(e[test])) - r2(per_position)
+
+
+@pytest.mark.parametrize("variant", ["cls", "registers"])
+def test_isi_recon_matches_the_papers_recipe(variant):
+    model = make_vit(variant, True).eval()
+    images = torch.randn(48, 1, 28, 28)
+    result = isiwatch.analyze(model, images, with_isi_recon=True)
+    order = torch.randperm(48, generator=torch.Generator().manual_seed(0))  # the seeded 70/30 split
+    train, test = order[:34], order[34:]
+    p = model.num_prefix_tokens
+    with torch.no_grad():
+        e = model.patch_embed(images)  # patch embeddings before positional encoding, (B, N, De)
+        x = model.norm_pre(model._pos_embed(e))
+        expected = []
+        for blk in model.blocks:
+            x = blk(x)
+            expected.append(reference_isi_recon(x[:, p:], e, train, test))
+    assert result.layers["isi_recon"] == pytest.approx(expected, abs=1e-4)
+    assert max(abs(v) for v in expected) > 0.05  # not a curve of zeros
