@@ -28,6 +28,10 @@ from .files import atomic_write
 BASE_ARCH = "vit_tiny_patch16_224"
 BASE_DISTILLED_ARCH = "deit_tiny_distilled_patch16_224"
 _QKV = "blocks.0.attn.qkv.weight"
+#: A first-block weight of every supported timm family (fused QKV, parallel blocks, separate q/k/v projections),
+#: found to locate the model's entries inside a wrapper's state dict.
+_FIRST_BLOCK_WEIGHTS = (_QKV, "blocks.0.in_proj.weight", "blocks.0.attns.0.attn.qkv.weight",
+                        "blocks.0.attn.q_proj.weight")
 
 
 class CheckpointError(ValueError):
@@ -203,8 +207,9 @@ def _strip_prefix(state: dict[str, Tensor]) -> dict[str, Tensor] | None:
     """The timm model's entries without the wrapper prefix around them (``module.``, ``_orig_mod.``,
     Lightning's ``model.``, or several), found where the first block's QKV weight sits and removed with torch's
     ``consume_prefix_in_state_dict_if_present``; entries outside the prefix (a Lightning module's other parts)
-    are dropped. None when no block has a QKV weight."""
-    prefix = next((k[: -len(_QKV)] for k in state if isinstance(k, str) and k.endswith(_QKV)), None)
+    are dropped. None when no first-block weight is found."""
+    prefix = next((k[: -len(anchor)] for k in state for anchor in _FIRST_BLOCK_WEIGHTS
+                   if isinstance(k, str) and k.endswith(anchor)), None)
     if prefix is None:
         return None
     model = {k: v for k, v in state.items() if isinstance(k, str) and k.startswith(prefix)}
@@ -266,7 +271,8 @@ def infer_vit_kwargs(state: dict[str, Tensor]) -> dict:
     if "dist_token" not in state:
         kwargs["class_token"] = has_cls
         kwargs["reg_tokens"] = prefix - int(has_cls)
-        kwargs["global_pool"] = "token" if has_cls and "fc_norm.weight" not in state else "avg"
+        kwargs["global_pool"] = ("map" if "attn_pool.latent" in state else
+                                 "token" if has_cls and "fc_norm.weight" not in state else "avg")
         kwargs["fc_norm"] = "fc_norm.weight" in state
         kwargs["final_norm"] = "norm.weight" in state or "fc_norm.weight" in state
     if "pos_embed" in state:
@@ -335,6 +341,41 @@ def _mismatch(claim: dict, actual: dict) -> tuple[str, str] | None:
     return ", ".join(f"{key} {claim[key]}" for key in keys), ", ".join(f"{key} {actual[key]}" for key in keys)
 
 
+@functools.lru_cache(maxsize=64)
+def _is_plain_vit(name: str) -> bool:
+    """Whether timm's ``name`` is a VisionTransformer of plain pre-norm Blocks, whose keyword arguments the tensor
+    shapes imply (:func:`infer_vit_kwargs`); EVA, BEiT, CaiT, relpos, NaFlexViT and parallel-block ViTs are not.
+    Unknown names count as plain, so that the usual path names the problem."""
+    import timm
+    from timm.models.vision_transformer import Block, VisionTransformer
+
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False)
+    except Exception:  # a model whose init needs real tensors: build it on the CPU
+        try:
+            model = timm.create_model(name, pretrained=False)
+        except Exception:
+            return True
+    return isinstance(model, VisionTransformer) and all(type(b) is Block for b in model.blocks)
+
+
+def _family_checkpoint(path: Path, raw: dict, arch: str, state: dict[str, Tensor], weights: str) -> Checkpoint:
+    """A checkpoint of another timm ViT family: its recorded keyword arguments, with the class count and input
+    channels read from the head and patch-embedding tensors when it records none; the strict load checks the rest."""
+    _check_tensors(path, state)
+    kwargs = _recorded_kwargs(path, raw)
+    head, proj = state.get("head.weight"), state.get("patch_embed.proj.weight", state.get("embeds.proj.weight"))
+    if head is not None and head.dim() == 2:
+        kwargs.setdefault("num_classes", head.shape[0])
+    if proj is not None and proj.dim() == 4:
+        kwargs.setdefault("in_chans", proj.shape[1])
+    meta = raw.get("isiwatch") or {}
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: its 'isiwatch' record is not a mapping ({type(meta).__name__})")
+    return Checkpoint(path, arch, kwargs, state, sha256_of(path), meta, weights, _data_config(path, raw, meta))
+
+
 def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool = True,
                     num_heads: int | None = None) -> Checkpoint:
     """Read a ViT checkpoint and resolve its timm architecture.
@@ -348,6 +389,9 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
     raw = read_raw(path)
     state, weights = _state_dict_of(raw, prefer_ema)
     state = _strip_prefix(state)
+    recorded_arch = raw.get("arch") if isinstance(raw.get("arch"), str) and raw.get("arch") else None
+    if state is not None and (arch or recorded_arch) and not _is_plain_vit(arch or recorded_arch):
+        return _family_checkpoint(path, raw, arch or recorded_arch, state, weights)
     if state is None or "patch_embed.proj.weight" not in state:
         raise CheckpointError(f"{path}: not a ViT checkpoint (no {_QKV!r} or patch_embed weights found)")
     _check_tensors(path, state)
@@ -366,7 +410,6 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
         if recorded.get("num_heads") not in (None, num_heads):
             raise CheckpointError(f"{path}: --num-heads {num_heads} contradicts the checkpoint, which records "
                                   f"num_heads {recorded['num_heads']}")
-    recorded_arch = raw.get("arch") if isinstance(raw.get("arch"), str) and raw.get("arch") else None
     actual = {key: inferred[key] for key in _ARCH_KEYS[:3]}
     # the head count as the checkpoint itself says it: recorded, given, or the recorded arch's (at this width)
     given = num_heads or recorded.get("num_heads")

@@ -188,7 +188,7 @@ DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), de
 
 
 @main.command()
-@click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
 @click.option("--num-heads", type=click.IntRange(min=1),
               help="Attention heads, for a checkpoint that records neither them nor an architecture.")
@@ -207,7 +207,8 @@ DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), de
 @DEVICE
 def analyze(checkpoint, arch, num_heads, data, images, out, metric, isi_recon, batch_size, no_ema, mean, std,
             device) -> None:
-    """Per-layer diagnostics of a trained ViT checkpoint."""
+    """Per-layer diagnostics of a trained ViT: a timm or isiwatch checkpoint file, or a Hugging Face save_pretrained
+    directory."""
     from .depth import recommend_depth
     from .offline import analyze_checkpoint
     from .tables import analysis_table, phases_line, recommendation_text

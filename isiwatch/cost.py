@@ -25,13 +25,19 @@ def count_flops(fn: Callable[[], object]) -> int:
 
 @torch.no_grad()
 def forward_flops(model: nn.Module, images: Tensor) -> int:
-    """FLOPs of one eval-mode forward pass over ``images``."""
-    was_training = model.training
-    model.eval()
+    """FLOPs of one eval-mode forward pass over ``images``. Parameters are counted with ``requires_grad`` off
+    (restored after): FlopCounterMode's module tracker would otherwise hook the parameter views some models pass
+    between modules (CaiT's [CLS]), which fails under ``no_grad``."""
+    modes = [(m, m.training) for m in model.modules()]
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    model.eval().requires_grad_(False)
     try:
         return count_flops(lambda: model(images))
     finally:
-        model.train(was_training)
+        for m, mode in modes:
+            m.training = mode
+        for p, flag in flags:
+            p.requires_grad_(flag)
 
 
 @torch.no_grad()

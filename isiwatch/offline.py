@@ -12,6 +12,7 @@ from .files import atomic_files, write_json
 from .model_images import probe_images, resolve_normalization
 from .models import build_model
 from .plots import plot_curves
+from .pretrained_dir import load_pretrained_dir
 
 
 def analysis_record(analysis: Analysis) -> dict:
@@ -46,17 +47,22 @@ def analyze_checkpoint(
     """
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
-    ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema, num_heads=num_heads)
-    model = build_model(ckpt).to(device)
-    norm = resolve_normalization(model, data, ckpt.data_config, mean, std)
+    if Path(checkpoint).is_dir():
+        model, data_config, info = load_pretrained_dir(checkpoint)
+    else:
+        ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema, num_heads=num_heads)
+        model, data_config = build_model(ckpt), ckpt.data_config
+        info = {"arch": ckpt.arch, "model_kwargs": ckpt.model_kwargs, "checkpoint": str(ckpt.path),
+                "sha256": ckpt.sha256, "weights": ckpt.weights}
+    model = model.to(device)
+    norm = resolve_normalization(model, data, data_config, mean, std)
     x, y = probe_images(model, data, images, norm)
     if len(x) < images and echo is not None:
         echo(f"note: --images {images} requested but {data} has only {len(x)}; analysed {len(x)} images")
     result = analyze(model, x, y, batch_size=batch_size, with_isi_recon=with_isi_recon, phase_metric=metric)
     if metric not in result.layers:
         raise ValueError(f"metric {metric!r} is not available for this model")
-    result.model.update({"arch": ckpt.arch, "model_kwargs": ckpt.model_kwargs, "checkpoint": str(ckpt.path),
-                         "sha256": ckpt.sha256, "weights": ckpt.weights, "data": data,
+    result.model.update({**info, "data": data,
                          "normalization": norm.to_dict(), "images": len(x),
                          "parameters": sum(p.numel() for p in model.parameters())})
     return result, (write_analysis(result, out) if out is not None else [])

@@ -125,6 +125,11 @@ def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
     depth = len(_blocks(model))
     if not kept or sorted(set(kept)) != list(kept) or not 0 <= kept[0] <= kept[-1] < depth:
         raise ValueError(f"kept blocks must be ascending, distinct indices below {depth}, got {kept}")
+    moved = [i for position, i in enumerate(kept) if i != position]
+    if moved and hasattr(model.blocks[0], "lambda_init"):
+        raise ValueError(f"cannot move {type(model.blocks[0]).__name__} {moved[0]} to position {kept.index(moved[0])}: "
+                         "its differential-attention λ_init depends on the block's index, so such a cut does not "
+                         "rebuild with timm; keep the first blocks (--strategy tail)")
     source = model.blocks
     model.blocks = type(source)()  # keep the dropped blocks out of the copy
     try:

@@ -1,0 +1,75 @@
+"""`isiwatch analyze` and `truncate` on checkpoints of every timm family and on Hugging Face save_pretrained
+directories; outputs load back with the family's own loader."""
+
+import json
+
+import pytest
+import timm
+import torch
+from click.testing import CliRunner
+from test_families import HF, TIMM, TINY, make_hf, make_timm
+
+from isiwatch.checkpoint import save_checkpoint
+from isiwatch.cli import main
+from isiwatch.taps import vit_parts
+
+KWARGS = {k: v for k, v in TINY.items() if k != "pretrained"}
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def checkpoint_of(family, tmp_path):
+    arch, extra = TIMM[family]
+    model = make_timm(family)
+    kwargs = {**KWARGS, **extra}
+    return model, arch, kwargs, save_checkpoint(tmp_path / "model.pt", arch, kwargs, model.state_dict())
+
+
+@pytest.mark.parametrize("family", sorted(TIMM))
+def test_analyze_every_timm_family(family, tmp_path):
+    model, arch, _, ckpt = checkpoint_of(family, tmp_path)
+    result = run("analyze", ckpt, "--images", 64, "--out", tmp_path / "analysis")
+    assert result.exit_code == 0, result.output
+    analysis = json.loads((tmp_path / "analysis" / "analysis.json").read_text())
+    assert len(analysis["layers"]) == vit_parts(model).depth and analysis["model"]["arch"] == arch
+
+
+#: One family per kind of block list the cut must handle (every family is cut in tests/test_families_coverage.py).
+TRUNCATED = ("eva02", "beit", "cait", "parallel_scaling", "relpos_res_post")
+
+
+@pytest.mark.parametrize("family", TRUNCATED)
+def test_truncate_cli_output_loads_with_timm(family, tmp_path):
+    model, arch, kwargs, ckpt = checkpoint_of(family, tmp_path)
+    out = tmp_path / "cut.pt"
+    result = run("truncate", ckpt, "--out", out, "--keep", 2, "--strategy", "tail", "--epochs", 0)
+    assert result.exit_code == 0, result.output
+    cut = timm.create_model(arch, pretrained=False, **{**kwargs, "depth": 2})
+    timm.models.load_checkpoint(cut, str(out), strict=True)  # timm's own loader
+    assert len(cut.blocks) == 2
+    if family == "cait":  # the class-attention blocks are kept whole
+        assert len(cut.blocks_token_only) == len(model.blocks_token_only)
+    images = torch.randn(2, 1, 28, 28)
+    expected = model.eval()
+    expected.blocks = expected.blocks[:2] if isinstance(expected.blocks, torch.nn.Sequential) else \
+        torch.nn.ModuleList(list(expected.blocks)[:2])
+    torch.testing.assert_close(cut.eval()(images), expected(images))  # no epochs: the cut is the first 2 blocks
+
+
+@pytest.mark.parametrize("family", sorted(HF))
+def test_analyze_a_save_pretrained_directory(family, tmp_path):
+    model = make_hf(family)
+    model.save_pretrained(tmp_path / "hf")
+    result = run("analyze", tmp_path / "hf", "--images", 64, "--out", tmp_path / "analysis")
+    assert result.exit_code == 0, result.output
+    analysis = json.loads((tmp_path / "analysis" / "analysis.json").read_text())
+    assert analysis["model"]["arch"] == type(model).__name__
+    assert len(analysis["layers"]) == vit_parts(model).depth
+
+
+def test_a_directory_without_config_is_refused_in_one_line(tmp_path):
+    result = CliRunner().invoke(main, ["analyze", str(tmp_path)])
+    assert result.exit_code != 0
+    assert "a directory without config.json" in result.output and len(result.output.strip().splitlines()) == 1
