@@ -97,3 +97,17 @@ def test_bare_state_dict_needs_num_heads(tmp_path):
     x = torch.randn(2, 1, 28, 28)
     with torch.no_grad():
         assert (build_model(special).eval()(x) - model(x)).abs().max() <= 1e-5
+
+
+def test_a_conversion_whose_outputs_differ_is_refused_without_output(tmp_path):
+    """The exactness guard (outputs within 1e-5 or nothing is written) on a real checkpoint whose outputs
+    cannot be compared: a NaN head weight makes every logit NaN, so the difference is not <= 1e-5 either."""
+    torch.manual_seed(0)
+    state = timm.create_model(ARCH, pretrained=False, **KWARGS).state_dict()
+    state["head.weight"][0, 0] = float("nan")
+    ckpt = save_checkpoint(tmp_path / "nan.pt", ARCH, KWARGS, state)
+    result = run("specialize", ckpt, "--out", tmp_path / "out.pt")
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: ") and result.output.count("\n") == 1
+    assert result.output.endswith("conversion changed the outputs by nan > 1e-05; nothing written\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nan.pt"]
