@@ -81,6 +81,20 @@ def test_callback_logs_exports_checkpoints_and_does_not_perturb(digits, tmp_path
     assert resumed.state_dict()["stoppers"][0]["wait"] == 3
 
 
+def test_every_optimizer_step_is_sampled_once_under_accumulation(digits, tmp_path):
+    """every_n_steps=1 with accumulate_grad_batches=3: one sample per optimizer step (not per batch, not twice
+    for the batches that share a global step), each with the loss of the batch that completed the step."""
+    data, px, py = digits
+    watch_cb = ISIWatchCallback(px, py, every_n_steps=1, log_dir=tmp_path / "isiwatch")
+    trainer, module = fit(tmp_path, data, [watch_cb], max_steps=2, accumulate_grad_batches=3)
+    assert trainer.global_step == 2 and len(module.losses) == 6
+    records = [json.loads(line) for line in (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    # Lightning hands over loss / 3; the callback multiplies back, exact up to float32 rounding
+    assert [r["loss"] for r in records] == pytest.approx([module.losses[2], module.losses[5]], rel=1e-6)
+    assert len(watch_cb.watch.history) == 2
+
+
 def test_isiwatch_stop_ends_lightning_training(digits, tmp_path):
     data, px, py = digits
     watch_cb = ISIWatchCallback(px, py, every_n_steps=2, log_dir=tmp_path, monitor="loss", warmup=1,
