@@ -1,4 +1,4 @@
-"""Linear probes: held-out accuracy of ridge classifiers on per-layer features, all layers in one solve."""
+"""Linear probes: held-out accuracy of softmax classifiers on per-layer features, all layers solved together."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .ridge import DEFAULT_ALPHAS, accuracy_score, fit_ridge
+from .softmax import SOFTMAX_STEPS, fit_softmax
 
 
 def split_indices(n: int, train_fraction: float = 0.7, seed: int = 0) -> tuple[Tensor, Tensor]:
@@ -26,18 +27,21 @@ def probe_accuracy(
     train_idx: Tensor,
     test_idx: Tensor,
     alphas: Sequence[float] = DEFAULT_ALPHAS,
+    softmax_steps: int = SOFTMAX_STEPS,
 ) -> Tensor:
-    """Held-out accuracy (K,) of one ridge classifier per feature set ``features`` (K,n,D).
+    """Held-out accuracy (K,) of one multinomial logistic-regression classifier per feature set ``features``
+    (K,n,D), on standardised features.
 
-    The classifiers regress one-hot labels on standardised features; the regulariser is chosen per
-    feature set by leave-one-out accuracy on the training split.
+    One batched ridge solve on one-hot labels (regulariser chosen per feature set by leave-one-out accuracy on
+    the training split) starts ``softmax_steps`` batched steps on the softmax loss (:mod:`isiwatch.softmax`;
+    0 keeps the ridge classifiers).
     """
     features = features.float()
     finite = torch.isfinite(features).all(-1).all(-1)
     if not bool(finite.all()):  # non-finite activations: those probes are NaN, the rest still run
         out = torch.full((len(features),), torch.nan, device=features.device)
         if bool(finite.any()):
-            out[finite] = probe_accuracy(features[finite], labels, train_idx, test_idx, alphas)
+            out[finite] = probe_accuracy(features[finite], labels, train_idx, test_idx, alphas, softmax_steps)
         return out
     _, codes = torch.unique(labels.cpu(), return_inverse=True)
     codes = codes.to(features.device)
@@ -45,4 +49,6 @@ def probe_accuracy(
     train_idx, test_idx = train_idx.to(features.device), test_idx.to(features.device)
     y_train = codes[train_idx]
     fit = fit_ridge(features[:, train_idx], onehot[train_idx], lambda pred: accuracy_score(pred, y_train), alphas)
+    if softmax_steps:
+        fit = fit_softmax(fit, onehot[train_idx], softmax_steps)
     return accuracy_score(fit.predict(features[:, test_idx]), codes[test_idx])

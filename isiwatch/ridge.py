@@ -26,6 +26,8 @@ class RidgeFit:
     weights: Tensor  # (K,D,C)
     bias: Tensor  # (K,1,C)
     alpha: Tensor  # (K,)
+    #: (U (K,n,r), s (K,r), V (K,D,r)): thin SVD of the standardised training features, for refinements.
+    spectrum: tuple[Tensor, Tensor, Tensor] | None = None
 
     def predict(self, x: Tensor) -> Tensor:
         """(K,m,D) features → (K,m,C) predictions."""
@@ -98,4 +100,4 @@ def fit_ridge(
         best_alpha = torch.where(better, torch.as_tensor(alpha, device=x.device), best_alpha)
     coef = s / (s2 + best_lam)  # (K,r)
     weights = v @ (coef.unsqueeze(-1) * u_t_y)
-    return RidgeFit(mean, scale, weights, y_bar, best_alpha)
+    return RidgeFit(mean, scale, weights, y_bar, best_alpha, (u, s, v))
