@@ -3,7 +3,8 @@
 For every family of tests/test_families.py (tiny random-init instances, CPU):
 - analyze: ``isiwatch.analyze`` with the fused attention on equals the unfused, hook-read reference (1e-4);
 - Watch: one sample with every core curve finite and no hook left behind;
-- truncate: cut to 2 blocks, heal one step, save, reload strictly with ``timm.create_model`` and the same output;
+- truncate: cut to 2 blocks, heal one step, save, reload strictly with ``timm.create_model`` and the same output
+  (transformers: cut, ``save_pretrained``, ``from_pretrained``, the same output; healing needs a classification head);
 - specialize: token-specialised norms that reproduce the model exactly.
 A capability that refuses says why, in the one line the user sees.
 
@@ -31,6 +32,7 @@ from test_families import HF, TIMM, TINY, hf_reference, make_hf, make_timm, timm
 
 import isiwatch  # noqa: E402
 from isiwatch.checkpoint import save_checkpoint  # noqa: E402
+from isiwatch.pretrained_dir import save_pretrained_dir  # noqa: E402
 from isiwatch.taps import vit_parts  # noqa: E402
 from isiwatch.threads import add_threads_argument, set_torch_threads  # noqa: E402
 from isiwatch.truncate import cut_vit, heal  # noqa: E402
@@ -68,9 +70,23 @@ def _watch(model) -> str:
     return "yes"
 
 
+def _truncate_transformers(model) -> str:
+    cut = cut_vit(model, [0, 2])
+    with tempfile.TemporaryDirectory() as tmp:
+        reloaded = type(model).from_pretrained(save_pretrained_dir(cut, Path(tmp) / "cut", {}),
+                                               local_files_only=True)
+    with torch.no_grad():
+        same = torch.allclose(_tensor(reloaded.eval()(IMAGES)), _tensor(cut.eval()(IMAGES)), atol=1e-5)
+    return "yes" if same and vit_parts(reloaded).depth == 2 else "reload differs"
+
+
+def _tensor(output) -> torch.Tensor:
+    return output if isinstance(output, torch.Tensor) else output[0]
+
+
 def _truncate(model, family) -> str:
     if family not in TIMM:
-        return "no: timm checkpoints only"
+        return _truncate_transformers(model)
     arch, extra = TIMM[family]
     kwargs = {**{k: v for k, v in TINY.items() if k != "pretrained"}, **extra, "depth": 2}
     try:

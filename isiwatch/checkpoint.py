@@ -342,12 +342,14 @@ def _mismatch(claim: dict, actual: dict) -> tuple[str, str] | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _is_plain_vit(name: str) -> bool:
-    """Whether timm's ``name`` is a VisionTransformer of plain pre-norm Blocks, whose keyword arguments the tensor
-    shapes imply (:func:`infer_vit_kwargs`); EVA, BEiT, CaiT, relpos, NaFlexViT and parallel-block ViTs are not.
-    Unknown names count as plain, so that the usual path names the problem."""
+def _is_other_family(name: str) -> bool:
+    """Whether timm's ``name`` is a ViT the taps read (EVA, BEiT, CaiT, relpos, NaFlexViT, parallel blocks…) other
+    than a VisionTransformer of plain pre-norm Blocks, whose keyword arguments the tensor shapes imply
+    (:func:`infer_vit_kwargs`). Unknown names and non-ViTs are not, so that the usual path names the problem."""
     import timm
     from timm.models.vision_transformer import Block, VisionTransformer
+
+    from .taps import TapError, vit_parts
 
     try:
         with torch.device("meta"):
@@ -356,8 +358,14 @@ def _is_plain_vit(name: str) -> bool:
         try:
             model = timm.create_model(name, pretrained=False)
         except Exception:
-            return True
-    return isinstance(model, VisionTransformer) and all(type(b) is Block for b in model.blocks)
+            return False
+    if isinstance(model, VisionTransformer) and all(type(b) is Block for b in model.blocks):
+        return False
+    try:
+        vit_parts(model)
+    except TapError:
+        return False
+    return True
 
 
 def _family_checkpoint(path: Path, raw: dict, arch: str, state: dict[str, Tensor], weights: str) -> Checkpoint:
@@ -390,7 +398,7 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
     state, weights = _state_dict_of(raw, prefer_ema)
     state = _strip_prefix(state)
     recorded_arch = raw.get("arch") if isinstance(raw.get("arch"), str) and raw.get("arch") else None
-    if state is not None and (arch or recorded_arch) and not _is_plain_vit(arch or recorded_arch):
+    if state is not None and (arch or recorded_arch) and _is_other_family(arch or recorded_arch):
         return _family_checkpoint(path, raw, arch or recorded_arch, state, weights)
     if state is None or "patch_embed.proj.weight" not in state:
         raise CheckpointError(f"{path}: not a ViT checkpoint (no {_QKV!r} or patch_embed weights found)")

@@ -273,9 +273,9 @@ from .cut_search import (  # noqa: E402  (option defaults, from a module free of
 
 
 @main.command()
-@click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Where to write the truncated checkpoint.")
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Where to write the truncated checkpoint (a new directory for a Hugging Face model).")
 @click.option("--analysis", type=click.Path(dir_okay=False, path_type=Path),
               help="analysis.json of this checkpoint (default: analyse it on --data).")
 @click.option("--data", default="mnist", show_default=True,

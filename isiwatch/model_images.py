@@ -29,6 +29,7 @@ def model_input(model: nn.Module) -> tuple[tuple[int, int], int]:
         (gh, gw), (ph, pw) = embeds.pos_embed_grid_size, embeds.patch_size
         return (gh * ph, gw * pw), embeds.in_chans
     config = getattr(model, "config", None)
+    config = getattr(config, "vision_config", config)  # CLIP/SigLIP classifiers: the vision tower's config
     if isinstance(getattr(config, "image_size", None), (int, list, tuple)):
         size = config.image_size
         return ((size, size) if isinstance(size, int) else tuple(size)), int(config.num_channels)

@@ -7,13 +7,22 @@ directory alone (``local_files_only``, safetensors); the normalisation comes fro
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from .checkpoint import CheckpointError
+from .files import WriteError
+
+#: Provenance record written next to a truncated model's config.json.
+METADATA_FILE = "isiwatch.json"
 
 
 def directory_sha256(path: Path) -> str:
@@ -38,6 +47,20 @@ def _data_config(path: Path) -> dict:
         raise CheckpointError(f"{file}: no readable image_mean/image_std ({type(exc).__name__}: {exc})") from None
 
 
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """No "Loading weights" progress bar from transformers on the command line's stderr (restored after)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def load_pretrained_dir(path: str | Path) -> tuple[nn.Module, dict, dict]:
     """(model in eval mode, data config, model info) of a ``save_pretrained`` directory."""
     import transformers
@@ -54,9 +77,33 @@ def load_pretrained_dir(path: str | Path) -> tuple[nn.Module, dict, dict]:
     cls = getattr(transformers, names[0], None) if names else None
     cls = cls if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel) else transformers.AutoModel
     try:
-        model = cls.from_pretrained(path, local_files_only=True, use_safetensors=True)
+        with _quiet_loading():
+            model = cls.from_pretrained(path, local_files_only=True, use_safetensors=True)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise CheckpointError(f"{path}: cannot load {cls.__name__} ({str(exc).splitlines()[0]})") from None
     info = {"arch": type(model).__name__, "model_kwargs": {}, "checkpoint": str(path), "sha256": directory_sha256(path),
             "weights": "state_dict"}
     return model.eval(), _data_config(path), info
+
+
+def save_pretrained_dir(model: nn.Module, out: str | Path, metadata: dict) -> Path:
+    """Write ``model.save_pretrained`` (safetensors) and :data:`METADATA_FILE` to the new directory ``out``: into a
+    hidden sibling first, checked to reload into the model's own class with equal weights, then renamed into
+    place, so a failure leaves nothing behind."""
+    out = Path(out)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with _quiet_loading():
+            model.save_pretrained(tmp, safe_serialization=True)
+            (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=1) + "\n")
+            reloaded = type(model).from_pretrained(tmp, local_files_only=True).state_dict()
+        saved = model.state_dict()
+        if saved.keys() != reloaded.keys() or any(not torch.equal(saved[k].cpu(), reloaded[k]) for k in saved):
+            raise CheckpointError(f"{out}: the written model does not reload into {type(model).__name__}")
+        os.rename(tmp, out)
+    except OSError as exc:
+        raise WriteError(exc.errno, exc.strerror or str(exc), str(out)) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from .classifier_layout import logits
+
 #: The demo's ViT on 28×28 digits: patch 7 → 16 patch tokens + [CLS].
 DIGITS_VIT_KWARGS = {"img_size": 28, "patch_size": 7, "in_chans": 1, "num_classes": 10, "embed_dim": 64,
                      "depth": 12, "num_heads": 4, "mlp_ratio": 4.0}
@@ -29,7 +31,7 @@ def predict(model: nn.Module, images: Tensor, batch_size: int = 500) -> Tensor:
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    out = torch.cat([model(images[i:i + batch_size].to(device)).argmax(-1).cpu()
+    out = torch.cat([logits(model(images[i:i + batch_size].to(device))).argmax(-1).cpu()
                      for i in range(0, len(images), batch_size)])
     model.train(was_training)
     return out
@@ -89,12 +91,12 @@ def train_classifier(
                 idx = order[i:i + batch_size]
                 x, y = images[idx].to(device), labels[idx].to(device)
                 with autocast:
-                    logits = model(x).float()
-                    loss = F.cross_entropy(logits, y)
+                    out = logits(model(x)).float()
+                    loss = F.cross_entropy(out, y)
                     if teacher is not None:
                         with torch.no_grad():
-                            target = teacher(x).float().log_softmax(-1)
-                        loss = loss + F.kl_div(logits.log_softmax(-1), target, log_target=True,
+                            target = logits(teacher(x)).float().log_softmax(-1)
+                        loss = loss + F.kl_div(out.log_softmax(-1), target, log_target=True,
                                                reduction="batchmean")
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from .analysis import DEFAULT_PHASE_METRIC, Analysis, analyze
 from .block_scores import BoundaryDistances, angular_distance, block_influence, boundary_distances
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from .classifier_layout import block_list, block_path, modules_after_blocks, num_classes, with_blocks
 from .cost import count_parameters, forward_flops, measure_latency
 from .cut_search import (
     DEFAULT_BUDGET,
@@ -50,7 +51,8 @@ from .files import write_json
 from .model_images import model_input, probe_images, resolve_normalization
 from .models import build_model
 from .phases import Phases
-from .taps import vit_parts
+from .pretrained_dir import load_pretrained_dir, save_pretrained_dir
+from .taps import TapError, vit_parts
 from .training import accuracy, predict, train_classifier
 from .truncate_report import candidates_table, measure, report_table
 
@@ -58,8 +60,6 @@ __all__ = ["STRATEGIES", "Execution", "Split", "TruncateRequest", "TruncateResul
            "auto_cut", "candidates_table", "choose_blocks", "cut_vit", "execute", "heal", "load_split", "plan",
            "report", "report_table", "truncate", "write"]
 
-#: Modules after the blocks that healing always trains (those the model has).
-HEAD_MODULES = ("blocks_token_only", "norm", "fc_norm", "attn_pool", "head_drop", "head", "head_dist")
 #: Share of an ImageFolder held out (halved into validation and test).
 HELD_OUT_FRACTION = 0.2
 #: Timed rounds per candidate when ``auto`` measures latency.
@@ -67,11 +67,11 @@ LATENCY_ROUNDS = 10
 
 
 def _blocks(model: nn.Module) -> nn.Sequential | nn.ModuleList:
-    """The blocks truncation may drop: a timm model's ``blocks`` (CaiT's class-attention blocks are apart)."""
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, (nn.Sequential, nn.ModuleList)) or len(blocks) == 0:
-        raise ValueError(f"cannot truncate {type(model).__name__}: expected a timm ViT with a `blocks` list")
-    return blocks
+    """The blocks truncation may drop (:func:`~isiwatch.classifier_layout.block_list`)."""
+    try:
+        return block_list(model)
+    except TapError as exc:
+        raise ValueError(f"cannot truncate {type(model).__name__}: {exc}") from None
 
 
 def plateau_drop_order(phases: Phases, depth: int) -> list[int]:
@@ -121,23 +121,20 @@ def _need(distances: BoundaryDistances | None) -> BoundaryDistances:
 
 
 def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
-    """A copy of a timm ViT with only the ``kept`` blocks, in that order; ``model`` is left untouched."""
+    """A copy of a ViT classifier (timm or transformers) with only the ``kept`` blocks, in that order; ``model`` is
+    left untouched."""
     depth = len(_blocks(model))
     if not kept or sorted(set(kept)) != list(kept) or not 0 <= kept[0] <= kept[-1] < depth:
         raise ValueError(f"kept blocks must be ascending, distinct indices below {depth}, got {kept}")
+    path = block_path(model)
+    source = model.get_submodule(path)
     moved = [i for position, i in enumerate(kept) if i != position]
-    if moved and hasattr(model.blocks[0], "lambda_init"):
-        raise ValueError(f"cannot move {type(model.blocks[0]).__name__} {moved[0]} to position {kept.index(moved[0])}: "
+    if moved and hasattr(source[0], "lambda_init"):
+        raise ValueError(f"cannot move {type(source[0]).__name__} {moved[0]} to position {kept.index(moved[0])}: "
                          "its differential-attention λ_init depends on the block's index, so such a cut does not "
                          "rebuild with timm; keep the first blocks (--strategy tail)")
-    source = model.blocks
-    model.blocks = type(source)()  # keep the dropped blocks out of the copy
-    try:
-        cut = copy.deepcopy(model)
-    finally:
-        model.blocks = source
-    blocks = [copy.deepcopy(source[i]) for i in kept]
-    cut.blocks = nn.Sequential(*blocks) if isinstance(source, nn.Sequential) else nn.ModuleList(blocks)
+    cut = copy.deepcopy(model, {id(source): type(source)()})  # the blocks are not copied here…
+    with_blocks(cut, path, [copy.deepcopy(source[i]) for i in kept])  # …only the kept ones, here
     return cut
 
 
@@ -146,8 +143,7 @@ def trainable_modules(model: nn.Module, train_last: int) -> list[nn.Module]:
     blocks = _blocks(model)
     if not 0 <= train_last <= len(blocks):
         raise ValueError(f"train_last must be between 0 and {len(blocks)}, got {train_last}")
-    heads = [m for name in HEAD_MODULES if isinstance(m := getattr(model, name, None), nn.Module)]
-    return list(blocks[len(blocks) - train_last:]) + heads
+    return list(blocks[len(blocks) - train_last:]) + modules_after_blocks(model)
 
 
 def prepare_healing(model: nn.Module, train_last: int) -> list[nn.Parameter]:
@@ -246,7 +242,7 @@ def load_split(model: nn.Module, data: str, eval_data: str | None = None,
         eval_x, eval_y = _images(model, eval_source, norm)
         if len(eval_x) < 2:
             raise DataError(f"{eval_source}: need at least 2 images to validate and test, found {len(eval_x)}")
-    classes = getattr(model, "num_classes", 0)
+    classes = num_classes(model)
     for source, y in ((heal_source, heal_y), (eval_source or data, eval_y)):
         if int(y.max()) >= classes:
             raise DataError(f"{source}: {int(y.max()) + 1} classes but the model's head has {classes} outputs")
@@ -341,6 +337,8 @@ class TruncateRequest:
             raise ValueError(f"epochs must be at least 0 and images at least 4, got {self.epochs} and {self.images}")
         _check_paths({"checkpoint": self.checkpoint, "--analysis": self.analysis},
                      {"--out": self.out, "--report": self.report})
+        if self.checkpoint.is_dir() and self.out.exists():
+            raise ValueError(f"--out {self.out}: exists; a truncated Hugging Face model is written to a new directory")
 
 
 @dataclass
@@ -376,8 +374,13 @@ def plan(request: TruncateRequest) -> TruncationPlan:
     """Load the checkpoint and the images, analyse the uncut model where the strategy needs it and, for a fixed
     strategy, choose the blocks to keep. Refuses (``ValueError``) before any cut or healing."""
     r = request
-    ckpt = load_checkpoint(r.checkpoint, arch=r.arch, num_heads=r.num_heads, prefer_ema=r.prefer_ema)
-    uncut = build_model(ckpt).to(r.device).eval()
+    if r.checkpoint.is_dir():  # a Hugging Face save_pretrained directory
+        uncut, data_config, info = load_pretrained_dir(r.checkpoint)
+        ckpt = Checkpoint(r.checkpoint, info["arch"], {}, {}, info["sha256"], data_config=data_config)
+    else:
+        ckpt = load_checkpoint(r.checkpoint, arch=r.arch, num_heads=r.num_heads, prefer_ema=r.prefer_ema)
+        uncut = build_model(ckpt)
+    uncut = uncut.to(r.device).eval()
     depth = len(_blocks(uncut))
     if r.keep is not None and not 1 <= r.keep < depth:
         raise ValueError(f"--keep must be between 1 and {depth - 1} for this {depth}-block model, got {r.keep}")
@@ -456,17 +459,21 @@ def report(plan: TruncationPlan, execution: Execution) -> dict:
 
 
 def write(plan: TruncationPlan, execution: Execution, result: dict) -> list[Path]:
-    """Write the healed model (checked first to load strictly into ``timm.create_model``) with its provenance
-    metadata, and the report when one was requested; returns the written paths."""
+    """Write the healed model with its provenance metadata (a timm checkpoint, checked first to load strictly into
+    ``timm.create_model``; for a Hugging Face directory a new ``save_pretrained`` directory), and the report when
+    one was requested; returns the written paths."""
     r, ckpt = plan.request, plan.checkpoint
-    model_kwargs = {**ckpt.model_kwargs, "depth": len(execution.kept)}
-    state = {k: v.detach().cpu() for k, v in execution.model.state_dict().items()}
-    timm.create_model(ckpt.arch, pretrained=False, **model_kwargs).load_state_dict(state, strict=True)
     metadata = {"kept_blocks": execution.kept, "source_sha256": ckpt.sha256, "source_checkpoint": str(ckpt.path),
                 "source_depth": plan.depth, **{k: result[k] for k in ("strategy", "metric", "phases", "train_last",
                                                                         "epochs", "distill", "accuracy", "weights",
                                                                         "normalization", "data")}}
-    paths = [save_checkpoint(r.out, ckpt.arch, model_kwargs, state, metadata, fmt=r.fmt)]
+    if r.checkpoint.is_dir():
+        paths = [save_pretrained_dir(execution.model, r.out, metadata)]
+    else:
+        model_kwargs = {**ckpt.model_kwargs, "depth": len(execution.kept)}
+        state = {k: v.detach().cpu() for k, v in execution.model.state_dict().items()}
+        timm.create_model(ckpt.arch, pretrained=False, **model_kwargs).load_state_dict(state, strict=True)
+        paths = [save_checkpoint(r.out, ckpt.arch, model_kwargs, state, metadata, fmt=r.fmt)]
     if r.report is not None:
         paths.append(write_json(r.report, result))
     return paths

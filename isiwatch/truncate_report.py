@@ -6,6 +6,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .checkpoint import Checkpoint
+from .classifier_layout import block_list
 from .cost import count_parameters, forward_flops, measure_latency
 from .tables import format_table
 
@@ -15,7 +16,7 @@ def measure(ckpt: Checkpoint, uncut: nn.Module, model: nn.Module, images: Tensor
     """Costs (parameters, FLOPs per image, median latency of a batch) and held-out accuracies."""
     batch = images[:64].to(next(uncut.parameters()).device)
     latency = measure_latency({"uncut": uncut, "truncated": model}, batch)
-    cost = {name: {"blocks": len(m.blocks), "parameters": count_parameters(m),
+    cost = {name: {"blocks": len(block_list(m)), "parameters": count_parameters(m),
                    "flops_per_image": forward_flops(m, batch[:1]), "latency_ms": latency[name]}
             for name, m in (("uncut", uncut), ("truncated", model))}
     return {"source": {"checkpoint": str(ckpt.path), "sha256": ckpt.sha256, "arch": ckpt.arch},

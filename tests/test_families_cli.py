@@ -6,8 +6,9 @@ import json
 import pytest
 import timm
 import torch
+import transformers as hf
 from click.testing import CliRunner
-from test_families import HF, TIMM, TINY, make_hf, make_timm
+from test_families import HF, HF_SIZE, TIMM, TINY, make_hf, make_timm
 
 from isiwatch.checkpoint import save_checkpoint
 from isiwatch.cli import main
@@ -73,3 +74,31 @@ def test_a_directory_without_config_is_refused_in_one_line(tmp_path):
     result = CliRunner().invoke(main, ["analyze", str(tmp_path)])
     assert result.exit_code != 0
     assert "a directory without config.json" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+HF_CLASSIFIERS = {
+    "vit": lambda: hf.ViTForImageClassification(hf.ViTConfig(**HF_SIZE, num_labels=10)),
+    "clip_vision": lambda: hf.CLIPForImageClassification(hf.CLIPConfig(vision_config=HF_SIZE, num_labels=10)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HF_CLASSIFIERS))
+def test_truncate_a_save_pretrained_directory(kind, tmp_path):
+    torch.manual_seed(0)
+    model = HF_CLASSIFIERS[kind]().eval()
+    model.save_pretrained(tmp_path / "hf")
+    out = tmp_path / "cut"
+    result = run("truncate", tmp_path / "hf", "--out", out, "--keep", 2, "--strategy", "tail", "--epochs", 0)
+    assert result.exit_code == 0, result.output
+    cut = type(model).from_pretrained(out, local_files_only=True).eval()  # the family's own loader
+    assert len(vit_parts(cut).blocks) == 2
+    assert json.loads((out / "isiwatch.json").read_text())["kept_blocks"] == [0, 1]
+    layers = vit_parts(model).blocks
+    container = next(m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and m[0] is layers[0].block)
+    del container[2:]
+    images = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(cut(images).logits, model(images).logits)  # no epochs: the first 2 layers
+    again = CliRunner().invoke(main, ["truncate", str(tmp_path / "hf"), "--out", str(out), "--keep", "2"])
+    assert again.exit_code != 0 and "exists; a truncated Hugging Face model is written to a new directory" in \
+        again.output
