@@ -82,8 +82,8 @@ def specialize_checkpoint(
     images = torch.randn(8, in_chans, *size, generator=torch.Generator().manual_seed(0))
     error = conversion_error(original, model, images)
     if not error <= EXACTNESS_TOLERANCE:
-        raise RuntimeError(f"conversion changed the outputs by {error:.2e} > {EXACTNESS_TOLERANCE:.0e}; "
-                           "nothing written")
+        raise ValueError(f"conversion changed the outputs by {error:.2e} > {EXACTNESS_TOLERANCE:.0e}; "
+                         "nothing written")
     source = {"path": str(checkpoint), "sha256": ckpt.sha256}
     save_specialized(out, model, ckpt.arch, ckpt.model_kwargs, {**ckpt.metadata, "specialized_from": source}, fmt)
     return {"out": str(out), "arch": ckpt.arch, "options": specialization(model).to_dict(),

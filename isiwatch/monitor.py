@@ -83,9 +83,10 @@ class Watch:
     - alerts: ``isi_stall_window``/``isi_stall_min_rise``/``isi_stall_min_loss_drop`` (mean ISI rose by
       less than ``min_rise`` (relative) over the window while the loss fell by more than
       ``min_loss_drop`` (relative)), ``norm_friction_threshold``; ``alert_callback(alert)``;
-    - early stopping (Lightning's names): ``monitor`` (a series such as ``"probe_cls/last"``,
-      ``"isi/layer_03"`` or ``"loss"``), ``mode``, ``min_delta``, ``patience``, ``warmup`` (samples),
-      ``check_finite``, ``stopping_threshold``, ``divergence_threshold``; ``stop_on_plateau``;
+    - early stopping (Lightning's names and rule): ``monitor`` (a series such as ``"probe_cls/last"``,
+      ``"isi/layer_03"`` or ``"loss"``), ``mode``, ``min_delta``, ``patience``, ``check_finite``,
+      ``stopping_threshold``, ``divergence_threshold``; isiwatch's own ``warmup`` (samples ignored first);
+      ``stop_on_plateau``;
     - export: ``log_dir`` (TensorBoard + ``metrics.jsonl`` + ``alerts.jsonl``), ``registry`` (a
       prometheus_client ``CollectorRegistry``; a private one by default), ``prometheus_port`` (HTTP on
       ``prometheus_host``, 127.0.0.1 by default), ``pushgateway``, ``textfile``, ``run_name``.

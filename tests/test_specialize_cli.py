@@ -108,6 +108,5 @@ def test_a_conversion_whose_outputs_differ_is_refused_without_output(tmp_path):
     ckpt = save_checkpoint(tmp_path / "nan.pt", ARCH, KWARGS, state)
     result = run("specialize", ckpt, "--out", tmp_path / "out.pt")
     assert result.exit_code == 1
-    assert result.output.startswith("Error: ") and result.output.count("\n") == 1
-    assert result.output.endswith("conversion changed the outputs by nan > 1e-05; nothing written\n")
+    assert result.output == "Error: conversion changed the outputs by nan > 1e-05; nothing written\n"  # a refusal
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nan.pt"]
