@@ -7,8 +7,8 @@ model its held-out accuracy, training time and steps, parameters and FLOPs (forw
 training step's forward + backward at batch 128, both counted by ``torch.utils.flop_counter``), and the
 ``isiwatch.analyze`` output on two probe sets (1,000 training images, and the held-out images) as
 ``analysis.json`` files, and the boundary distances between all block boundaries (cosine and angle,
-``isiwatch.block_scores``) on 512 training images, so that any depth rule can be re-scored later without retraining
-(``benchmarks/score_depth_rules.py``).
+``isiwatch.boundary_distances``) on 512 training images, so that any depth rule can be re-scored later
+without retraining (``benchmarks/score_depth_rules.py``).
 
 "Needed depth" of a task: the smallest depth whose mean held-out accuracy is within 1 point of the best
 depth's mean.
@@ -39,7 +39,7 @@ from bench_truncate import step_flops  # noqa: E402
 from depth_tasks import TASKS, Task, load_task  # noqa: E402
 
 from isiwatch.analysis import analyze  # noqa: E402
-from isiwatch.block_scores import boundary_distances  # noqa: E402
+from isiwatch.boundary_distances import boundary_distances  # noqa: E402
 from isiwatch.cost import count_parameters, forward_flops  # noqa: E402
 from isiwatch.files import write_json  # noqa: E402
 from isiwatch.threads import add_threads_argument, set_torch_threads
@@ -81,7 +81,7 @@ def train_one(task: Task, depth: int, seed: int, epochs: int, work: Path, result
     probes = {"train": (task.train_x[:PROBE_IMAGES], task.train_y[:PROBE_IMAGES]), "held_out": (held_x, held_y)}
     for probe, (x, y) in probes.items():
         result = analyze(model, x, y)
-        result.model.update({"task": task.name, "seed": seed, "epochs": epochs, "probe_set": probe})
+        result.model_info.update({"task": task.name, "seed": seed, "epochs": epochs, "probe_set": probe})
         write_json(analysis_path(results, task.name, depth, seed, probe), result.to_dict())
     distances = boundary_distances(model, task.train_x[:DISTANCE_IMAGES])
     write_json(analysis_path(results, task.name, depth, seed, "distances"),

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from scipy import stats
 
 from isiwatch.analysis import analyze
-from isiwatch.block_scores import boundary_distances
+from isiwatch.boundary_distances import boundary_distances
 from isiwatch.cost import count_flops, count_parameters, forward_flops, measure_latency
 from isiwatch.data import DIGITS_TRAIN, embedded_digits
 from isiwatch.phases import Phases

@@ -38,7 +38,7 @@ from bench_truncate import step_flops  # noqa: E402
 from depth_tasks import TASKS, load_task  # noqa: E402
 
 from isiwatch.analysis import analyze  # noqa: E402
-from isiwatch.block_scores import boundary_distances  # noqa: E402
+from isiwatch.boundary_distances import boundary_distances  # noqa: E402
 from isiwatch.cost import count_parameters, forward_flops, measure_latency  # noqa: E402
 from isiwatch.cut_search import DEFAULT_BUDGET, DEFAULT_MAX_DROP  # noqa: E402
 from isiwatch.depth import recommend_depth  # noqa: E402

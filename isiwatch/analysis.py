@@ -50,19 +50,21 @@ class Analysis:
 
     ``layers[metric]`` holds one value per block (index 0..L-1); ``stem[point][metric]`` the values before
     block 0 (``pre_pe``: patch embeddings E; ``embed``: X[0]); ``phases`` the Cliff/Plateau/Climb of
-    ``phase_metric`` (None when that curve has no plateau).
+    ``phase_metric`` (None when that curve has no plateau); ``model_info`` what is known of the model and
+    the data (depth, family, prefix tokens, images, and what the caller adds: arch, weights, checkpoint),
+    stored under the ``"model"`` key of ``analysis.json``.
     """
 
     layers: dict[str, list[float]]
     stem: dict[str, dict[str, float]]
-    model: dict
+    model_info: dict
     phase_metric: str = DEFAULT_PHASE_METRIC
     phases: Phases | None = None
     options: dict = field(default_factory=dict)
 
     @property
     def depth(self) -> int:
-        return int(self.model["depth"])
+        return int(self.model_info["depth"])
 
     def curve(self, metric: str) -> list[float]:
         if metric not in self.layers:
@@ -81,7 +83,7 @@ class Analysis:
         blocks, the only ones truncation may drop)."""
         if n >= self.depth:
             return self
-        cut = Analysis({m: v[:n] for m, v in self.layers.items()}, self.stem, {**self.model, "depth": n},
+        cut = Analysis({m: v[:n] for m, v in self.layers.items()}, self.stem, {**self.model_info, "depth": n},
                        self.phase_metric, None, self.options)
         cut.phases = cut.detect_phases()
         return cut
@@ -93,7 +95,7 @@ class Analysis:
         if self.phases is not None:
             phases.update(self.phases.to_dict())
         stem = {p: {m: finite_or_none(v) for m, v in vals.items()} for p, vals in self.stem.items()}
-        return {"model": self.model, "layers": rows, "stem": stem, "phases": phases, "options": self.options}
+        return {"model": self.model_info, "layers": rows, "stem": stem, "phases": phases, "options": self.options}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Analysis:

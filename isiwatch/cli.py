@@ -217,7 +217,7 @@ def analyze(checkpoint, arch, num_heads, data, images, out, metric, isi_recon, b
                                        metric=metric, with_isi_recon=isi_recon, batch_size=batch_size,
                                        prefer_ema=not no_ema, mean=mean, std=std, device=_device(device),
                                        echo=lambda line: click.echo(line, err=True))
-    click.echo(_inputs_line(result.model["weights"], result.model["normalization"]))
+    click.echo(_inputs_line(result.model_info["weights"], result.model_info["normalization"]))
     click.echo(analysis_table(result))
     click.echo(phases_line(result))
     click.echo(f"recommended depth: {recommendation_text(recommend_depth(result).to_dict())}")

@@ -120,7 +120,7 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
         ckpt = save_checkpoint(out / "model.pt", DIGITS_VIT_ARCH, kwargs, model.state_dict(),
                                metadata={"held_out_accuracy": acc, "steps": steps})
         result = analyze(model, test_x, test_y, batch_size=len(test_x))
-        result.model.update({"arch": DIGITS_VIT_ARCH, "model_kwargs": kwargs, "checkpoint": str(ckpt),
+        result.model_info.update({"arch": DIGITS_VIT_ARCH, "model_kwargs": kwargs, "checkpoint": str(ckpt),
                              "sha256": sha256_of(ckpt), "held_out_accuracy": acc})
         record = analysis_record(result)
         analysis_path = write_analysis(result, out)[0]

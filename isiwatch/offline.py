@@ -62,7 +62,7 @@ def analyze_checkpoint(
     result = analyze(model, x, y, batch_size=batch_size, with_isi_recon=with_isi_recon, phase_metric=metric)
     if metric not in result.layers:
         raise ValueError(f"metric {metric!r} is not available for this model")
-    result.model.update({**info, "data": data,
+    result.model_info.update({**info, "data": data,
                          "normalization": norm.to_dict(), "images": len(x),
                          "parameters": sum(p.numel() for p in model.parameters())})
     return result, (write_analysis(result, out) if out is not None else [])

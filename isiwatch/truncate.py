@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from .analysis import DEFAULT_PHASE_METRIC, Analysis, analyze
-from .block_scores import BoundaryDistances, angular_distance, block_influence, boundary_distances
+from .boundary_distances import BoundaryDistances, angular_distance, block_influence, boundary_distances
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .classifier_layout import block_list, block_path, modules_after_blocks, num_classes, with_blocks
 from .cost import count_parameters, forward_flops, measure_latency
@@ -259,7 +259,7 @@ def _read_analysis(path: Path, depth: int, sha256: str) -> Analysis:
         result = Analysis.from_dict(json.loads(Path(path).read_text()))
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         raise ValueError(f"{path}: not a readable analysis.json ({type(exc).__name__}: {exc})") from None
-    if result.model.get("sha256") not in (None, sha256):
+    if result.model_info.get("sha256") not in (None, sha256):
         raise ValueError(f"{path}: analysis was computed on a different checkpoint (sha256 differs)")
     blocks = len(next(iter(result.layers.values()), []))
     if blocks != depth:

@@ -392,11 +392,11 @@ def test_without_recorded_statistics_the_source_is_named(vit, pngs, probed, tmp_
     ckpt = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", KWARGS, vit.state_dict())
     folder, pixels = pngs
     analysis, _ = analyze_checkpoint(ckpt, data=str(folder), images=12)
-    assert analysis.model["normalization"]["source"] == "mnist"  # one channel: no pretrained_cfg statistics fit
+    assert analysis.model_info["normalization"]["source"] == "mnist"  # one channel: no pretrained_cfg statistics fit
     assert same_images(probed[0], (pixels - 0.1307) / 0.3081)  # and those statistics were applied
-    assert analysis.model["weights"] == "state_dict"
+    assert analysis.model_info["weights"] == "state_dict"
     analysis, _ = analyze_checkpoint(ckpt, images=12)
-    assert analysis.model["normalization"] == {"mean": [0.1307], "std": [0.3081], "source": "mnist",
+    assert analysis.model_info["normalization"] == {"mean": [0.1307], "std": [0.3081], "source": "mnist",
                                                "interpolation": "bilinear"}
     rgb = timm.create_model("vit_tiny_patch16_224", pretrained=False, **{**KWARGS, "in_chans": 3})
     norm = resolve_normalization(rgb, str(folder))

@@ -235,7 +235,7 @@ def test_transformers_family_matches_reference(family):
     assert model.config._attn_implementation == "sdpa"
     result = isiwatch.analyze(model, IMAGES, torch.arange(6) % 2)
     expected, p, has_cls = hf_reference(model, IMAGES)
-    assert result.model["num_prefix_tokens"] == p and result.model["has_cls"] == has_cls
+    assert result.model_info["num_prefix_tokens"] == p and result.model_info["has_cls"] == has_cls
     assert_matches(result, expected, family)
     assert ("probe_cls" in result.layers) == has_cls
 

@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
-from isiwatch.block_scores import BoundaryDistances, angular_distance, block_influence, boundary_distances
+from isiwatch.boundary_distances import BoundaryDistances, angular_distance, block_influence, boundary_distances
 from isiwatch.checkpoint import load_checkpoint, read_raw
 from isiwatch.cli import main
 from isiwatch.cost import count_flops, forward_flops, measure_latency

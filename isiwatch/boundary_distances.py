@@ -1,6 +1,7 @@
-"""Baseline block-importance scores from the LLM depth-pruning literature, for ViT blocks.
+"""Distances between the residual stream at every pair of block boundaries, and the two baseline
+block-importance scores from the LLM depth-pruning literature that read them.
 
-Both work on the residual stream at block boundaries, ``hidden[ℓ]`` = input of block ℓ (ℓ < L) and
+Both scores work on the residual stream at block boundaries, ``hidden[ℓ]`` = input of block ℓ (ℓ < L) and
 ``hidden[L]`` = output of the last block, over all tokens of a few images:
 
 - ShortGPT block influence (Men et al., 2024): ``BI_ℓ = 1 − cos(hidden[ℓ], hidden[ℓ+1])``; the blocks that
