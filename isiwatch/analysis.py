@@ -116,8 +116,10 @@ class Analysis:
 class _Collector:
     """Receives the tap's per-block tensors for one chunk and reduces them at once."""
 
-    def __init__(self, parts: ViTParts, n_images: int, isi_recon_components: int | None, seed: int):
+    def __init__(self, parts: ViTParts, n_images: int, isi_recon_components: int | None, seed: int,
+                 probe_features: bool = True):
         self.parts = parts
+        self.probe_features = probe_features  # keep pooled features for the probes (only with labels)
         self.n_images = n_images
         self.recon_k = isi_recon_components
         self.seed = seed
@@ -140,6 +142,8 @@ class _Collector:
             self.chunk_split = split_indices(size, seed=self.seed)
 
     def _store(self, row: int, tokens: Tensor, prefix: int, has_cls: bool) -> None:
+        if not self.probe_features:
+            return
         if self.patch_feats is None:
             d, depth = tokens.shape[-1], self.parts.depth
             self.patch_feats = tokens.new_zeros(depth + 2, self.n_images, d)
@@ -212,7 +216,7 @@ def analyze(
         raise ValueError("isi_recon needs the patch embeddings, but this model exposes no patch embedding")
     param = next(model.parameters())
     n = len(images)
-    collector = _Collector(parts, n, recon_components if with_isi_recon else None, seed)
+    collector = _Collector(parts, n, recon_components if with_isi_recon else None, seed, labels is not None)
     tap = Tap(parts)
     for offset in range(0, n, batch_size):
         chunk = images[offset:offset + batch_size].to(param.device, param.dtype)

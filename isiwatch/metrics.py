@@ -27,18 +27,27 @@ def isi(token_change: float, entropy: float) -> float:
     return token_change * entropy
 
 
+#: ``F.normalize``'s floor on a norm: a zero token has cosine 0 with everything.
+EPS = 1e-12
+
+
 def unit(t: Tensor) -> Tensor:
     """Tokens scaled to unit L2 norm (zero tokens stay zero)."""
     return F.normalize(t, dim=-1)
 
 
+def _dot(a: Tensor, b: Tensor) -> Tensor:
+    return torch.linalg.vecdot(a, b)
+
+
+def _norm(squared: Tensor) -> Tensor:
+    """max(‖t‖, EPS) from ‖t‖², as ``F.normalize`` divides by it."""
+    return squared.sqrt().clamp_min(EPS)
+
+
 def attn_token_change(x: Tensor, y: Tensor) -> Tensor:
     """d = mean over tokens of 1 − cos(X, Y): how much the attention sub-layer rotates each token."""
-    return _token_change(unit(x), unit(y))
-
-
-def _token_change(ux: Tensor, uy: Tensor) -> Tensor:
-    return 1.0 - torch.linalg.vecdot(ux, uy).mean(-1)
+    return 1.0 - _dot(unit(x), unit(y)).mean(-1)
 
 
 #: Attention scores handled per chunk of images (elements), so the softmax passes stay in cache.
@@ -48,9 +57,11 @@ SCORE_CHUNK = 1 << 19
 def attention_stats(scores: AttentionScores, p: int, has_cls: bool) -> tuple[Tensor, Tensor | None]:
     """(attn_entropy, cls_attention_share) per image from a block's attention scores, chunk by chunk.
 
-    Entropy of a softmax row is ``logsumexp(s) − Σ A·s``, normalised by ln Tk (0 = one source, 1 = uniform);
-    masked (−inf) scores carry no probability and add nothing. The [CLS] share is Tk · mean attention that
-    patch queries pay to [CLS] (1 = uniform); NaN where patches do not query (CaiT's class attention).
+    With m the row maximum and e = exp(s − m), the softmax row is e / Σe and its entropy is
+    ``ln Σe − Σ e·(s − m) / Σe``: one exponential per score. It is normalised by ln Tk (0 = one source,
+    1 = uniform); masked (−inf) scores carry no probability and add nothing. The [CLS] share is Tk · mean
+    attention that patch queries pay to [CLS] (1 = uniform); NaN where patches do not query (CaiT's class
+    attention).
     """
     b, h, tq, tk = scores.shape
     step = max(1, SCORE_CHUNK // (h * tq * tk))
@@ -59,13 +70,14 @@ def attention_stats(scores: AttentionScores, p: int, has_cls: bool) -> tuple[Ten
     masked = scores.masked
     for i in range(0, b, step):
         s = scores.scores(i, i + step)
-        lse = s.logsumexp(-1, keepdim=True)
-        a = (s - lse).exp()
+        shifted = s - s.amax(-1, keepdim=True)
+        e = shifted.exp()
+        total = e.sum(-1)
         if masked:
-            s = s.clamp_min(torch.finfo(s.dtype).min)  # 0 · (−inf) would be NaN; 0 · min is 0
-        entropy[i:i + step] = (lse.squeeze(-1) - torch.linalg.vecdot(a, s)).mean((1, 2))
+            shifted = shifted.clamp_min(torch.finfo(s.dtype).min)  # 0 · (−inf) would be NaN; 0 · min is 0
+        entropy[i:i + step] = (total.log() - _dot(e, shifted) / total).mean((1, 2))
         if share is not None and tq == tk:
-            share[i:i + step] = a[:, :, p:, 0].mean((1, 2)) * tk
+            share[i:i + step] = (e[:, :, p:, 0] / total[:, :, p:]).mean((1, 2)) * tk
     entropy /= math.log(tk)
     return entropy, share
 
@@ -77,24 +89,31 @@ def _device(scores: AttentionScores) -> torch.device:
 def token_similarity(z: Tensor, p: int, center: Tensor | None = None) -> Tensor:
     """Centred mean pairwise cosine between an image's patch tokens (i ≠ j), in O(N·D) via ‖Σu‖².
 
-    ``center`` defaults to the mean patch token of the whole batch (all images, all positions).
+    ``center`` defaults to the mean patch token of the whole batch (all images, all positions). The centred
+    tokens are formed (not expanded as ‖z‖² − 2 z·center + ‖center‖², which loses all precision when tokens
+    collapse onto the centre, the case this metric exists to see) but never normalised into a copy.
     """
     patches = z[:, p:]
     if center is None:
         center = patches.mean((0, 1))
-    u = unit(patches - center)
-    n = u.shape[1]
-    pair_sum = u.sum(1).pow(2).sum(-1) - u.pow(2).sum((1, 2))
+    v = patches - center
+    vv = _dot(v, v)
+    w = 1.0 / _norm(vv)  # u_i = w_i v_i
+    n = v.shape[1]
+    total = torch.bmm(w.unsqueeze(1), v).squeeze(1)  # Σ u_i
+    pair_sum = _dot(total, total) - (w * w * vv).sum(-1)
     return pair_sum / (n * (n - 1))
+
+
+def _cls_patch_cos(t: Tensor, squared: Tensor, p: int) -> Tensor:
+    """Mean cos([CLS], patch_i) from the tokens and their squared norms."""
+    dots = torch.bmm(t[:, p:], t[:, 0].unsqueeze(-1)).squeeze(-1)
+    return (dots / _norm(squared[:, p:])).mean(-1) / _norm(squared[:, 0])
 
 
 def cls_patch_cos(z: Tensor, p: int) -> Tensor:
     """Mean cos([CLS], patch_i)."""
-    return _cls_patch_cos(unit(z), p)
-
-
-def _cls_patch_cos(u: Tensor, p: int) -> Tensor:
-    return torch.linalg.vecdot(u[:, p:].mean(1), u[:, 0])
+    return _cls_patch_cos(z, _dot(z, z), p)
 
 
 def norm_friction(x: Tensor, x_normed: Tensor, p: int) -> Tensor:
@@ -107,16 +126,20 @@ def block_metrics(bt: BlockTensors) -> dict[str, Tensor]:
     the block's sequence has a [CLS].
 
     ``block_influence`` is ShortGPT's block influence, 1 − cos(X, Z) between the block's input and output
-    averaged over tokens: 0 for a block that changes nothing. Each tensor is normalised once and shared
-    between the metrics that need it.
+    averaged over tokens: 0 for a block that changes nothing. Cosines come from per-token dot products and
+    squared norms (Y = X + branch is never formed), so each tensor is read a few times and no normalised copy
+    is written.
     """
-    p = bt.p
-    ux = unit(bt.x)
+    p, x, z, branch = bt.p, bt.x, bt.z, bt.branch
+    xx, zz, xb = _dot(x, x), _dot(z, z), _dot(x, branch)
+    nx = _norm(xx)
+    ny = _norm((xx + 2 * xb + _dot(branch, branch)).clamp_min(0))
     entropy, share = attention_stats(bt.attention, p, bt.has_cls)
-    out = {"attn_token_change": _token_change(ux, unit(bt.y)), "attn_entropy": entropy,
-           "token_similarity": token_similarity(bt.z, p), "block_influence": _token_change(ux, unit(bt.z))}
+    out = {"attn_token_change": 1.0 - ((xx + xb) / (nx * ny)).mean(-1), "attn_entropy": entropy,
+           "token_similarity": token_similarity(z, p),
+           "block_influence": 1.0 - (_dot(x, z) / (nx * _norm(zz))).mean(-1)}
     if bt.has_cls:
         out["cls_attention_share"] = share
-        out["cls_patch_cos"] = cls_patch_cos(bt.z, p)
-        out["norm_friction"] = _cls_patch_cos(ux, p) - cls_patch_cos(bt.x_normed, p)
+        out["cls_patch_cos"] = _cls_patch_cos(z, zz, p)
+        out["norm_friction"] = _cls_patch_cos(x, xx, p) - cls_patch_cos(bt.x_normed, p)
     return out

@@ -5,8 +5,9 @@ biases in BEiT and the relpos ViTs, grouped k/v heads, talking heads in CaiT), s
 q/k from module outputs. Instead :class:`AttentionRecorder`, a ``TorchFunctionMode`` switched on only
 inside a block's attention modules, records the arguments of ``F.scaled_dot_product_attention`` (q, k,
 mask, scale: the fused path the model keeps using) or, on unfused paths, the input of the softmax over
-keys. Nothing is changed: the model's own kernel computes the output. The cost is one Python dispatch per
-torch call inside the attention modules during the probe pass and one fp32 copy of q and k per block;
+keys. Nothing is changed: the model's own kernel computes the output. The mode is pushed when an attention
+module starts and popped when it ends, so the cost is one Python dispatch per torch call inside the attention
+modules during the probe pass (none elsewhere, none outside it) and one fp32 copy of q and k per block;
 the (B,H,Tq,Tk) scores are rebuilt chunk by chunk by the metrics, never for the whole batch at once.
 """
 

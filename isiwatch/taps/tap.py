@@ -22,19 +22,25 @@ from .parts import TapError, ViTParts
 class BlockTensors:
     """Tensors of block ``index`` on the probe batch, all fp32, (B,T,D) unless said.
 
-    ``x``: block input X; ``x_normed``: norm1(X) (X itself for post-norm blocks); ``y``: X + attention
-    branch; ``z``: block output; ``attention``: the block's attention scores; ``p`` / ``has_cls``: prefix
-    tokens in this block's sequence and whether the first is a [CLS].
+    ``x``: block input X; ``x_normed``: norm1(X) (X itself for post-norm blocks); ``branch``: what the
+    attention adds to X (zero on tokens it does not update), so Y = X + branch; ``z``: block output;
+    ``attention``: the block's attention scores; ``p`` / ``has_cls``: prefix tokens in this block's sequence
+    and whether the first is a [CLS].
     """
 
     index: int
     x: Tensor
     x_normed: Tensor
-    y: Tensor
+    branch: Tensor
     z: Tensor
     attention: AttentionScores
     p: int
     has_cls: bool
+
+    @property
+    def y(self) -> Tensor:
+        """Y = X + the attention branch."""
+        return self.x + self.branch
 
 
 class Tap:
@@ -66,12 +72,14 @@ class Tap:
                 state.pop("Xn", None)
 
             def attention_start(_module, _args):
-                recorder.active, state["recorded"] = True, len(recorder.records)
+                recorder.__enter__()  # the mode only while attention modules run: no cost elsewhere
+                recorder.active = True
 
             def attention_end(module, _args, _output, index=index):
                 recorder.active = False
-                new = recorder.records[state["recorded"]:]
-                del recorder.records[:]
+                recorder.__exit__(None, None, None)
+                new = list(recorder.records)
+                recorder.records.clear()
                 if not new:
                     raise TapError(f"block {index}: {type(module).__name__} computes no attention scores (it calls "
                                    "neither scaled_dot_product_attention nor a softmax over keys)")
@@ -90,10 +98,11 @@ class Tap:
                 if not state["records"]:
                     raise TapError(f"block {index}: its attention module did not run")
                 branch = torch.stack(state["branch"]).sum(0) if len(state["branch"]) > 1 else state["branch"][0]
-                y = x + branch if branch.shape[1] == x.shape[1] else torch.cat(
-                    [x[:, :branch.shape[1]] + branch, x[:, branch.shape[1]:]], dim=1)
+                if branch.shape[1] < x.shape[1]:  # CaiT class attention: only [CLS] is updated
+                    branch = torch.cat([branch, branch.new_zeros(x.shape[0], x.shape[1] - branch.shape[1],
+                                                                 x.shape[2])], dim=1)
                 xn = state.pop("Xn", None)
-                on_block(BlockTensors(index, x, x if xn is None else xn.float(), y, z,
+                on_block(BlockTensors(index, x, x if xn is None else xn.float(), branch, z,
                                       AttentionScores.along_heads(state["records"]), bp.num_prefix_tokens,
                                       bp.has_cls))
 
@@ -107,9 +116,11 @@ class Tap:
                 handles.append(module.register_forward_hook(lambda m, i, o, fn=fn: add_branch(m, i, o, fn)))
             handles.append(bp.block.register_forward_hook(block_end, with_kwargs=True))
         try:
-            with recorder:
-                yield
+            yield
         finally:
+            if recorder.active:  # an exception inside an attention module: leave torch's mode stack as it was
+                recorder.active = False
+                recorder.__exit__(None, None, None)
             for h in handles:
                 h.remove()
             state.clear()
