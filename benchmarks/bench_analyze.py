@@ -6,6 +6,9 @@ stored tensors (unfused attention) and fits one scikit-learn LogisticRegression 
 kind. Reports medians of repeated runs and the ratios, and the probe accuracies of (b) vs (c).
 
     python benchmarks/bench_analyze.py [--checkpoint isiwatch-demo/model.pt] [--repeats 5]
+
+The figures, the curves of the analysed model and the machine with its load go to
+``benchmarks/results/analyze/analyze.json`` (``--out``), which ``benchmarks/report.py`` renders.
 """
 
 from __future__ import annotations
@@ -13,20 +16,28 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import timm
 import torch
 import torch.nn.functional as F
 from sklearn.linear_model import LogisticRegression
 
-import isiwatch
-from isiwatch.checkpoint import load_checkpoint
-from isiwatch.data import DIGITS_TRAIN, embedded_digits
-from isiwatch.models import build_model
-from isiwatch.probes import probe_accuracy, split_indices
-from isiwatch.threads import add_threads_argument, set_torch_threads
-from isiwatch.training import make_digits_vit, train_classifier
+sys.path.insert(0, str(Path(__file__).parent))
+from machine import machine  # noqa: E402
+
+import isiwatch  # noqa: E402
+from isiwatch.checkpoint import load_checkpoint  # noqa: E402
+from isiwatch.data import DIGITS_TRAIN, embedded_digits  # noqa: E402
+from isiwatch.files import write_json  # noqa: E402
+from isiwatch.models import build_model  # noqa: E402
+from isiwatch.probes import probe_accuracy, split_indices  # noqa: E402
+from isiwatch.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
+from isiwatch.training import make_digits_vit, train_classifier  # noqa: E402
+
+RESULT = Path(__file__).parent / "results" / "analyze" / "analyze.json"
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:
@@ -106,32 +117,37 @@ def our_probes(zs, labels, p):
     return {"patch_mean": acc[:len(zs)], "cls": acc[len(zs):]}, time.perf_counter() - start
 
 
-def bench(name, model, images, labels, repeats, with_naive=True):
+def bench(name, model, images, labels, repeats, with_naive=True) -> tuple[object, dict]:
+    """Time plain forward vs ``analyze`` (and the naive implementation); the analysis and a record of the figures."""
     p = model.num_prefix_tokens
     times, outs = interleaved({"plain": lambda: _plain(model, images),
                                "ours": lambda: isiwatch.analyze(model, images, labels, batch_size=len(images))},
                               repeats)
     t_plain, t_ours, analysis = times["plain"], times["ours"], outs["ours"]
-    print(f"\n### {name}: {len(images)} images, {len(model.blocks)} blocks")
-    print(f"plain forward        {t_plain * 1e3:8.1f} ms   1.00x")
-    print(f"isiwatch.analyze     {t_ours * 1e3:8.1f} ms   {t_ours / t_plain:.2f}x  (all metrics + both probes)")
-    if not with_naive:
-        return analysis
-    t_naive, (metrics, naive_accs, t_sklearn) = timed(lambda: naive_analysis(model, images, labels, p), 1)
-    print(f"naive (keep all + sklearn) {t_naive * 1e3:8.1f} ms   {t_naive / t_plain:.2f}x")
-    zs = naive_activations(model, images)[2]
-    ours, _ = our_probes(zs, labels, p)
-    t_probe = statistics.median(our_probes(zs, labels, p)[1] for _ in range(repeats))
-    print(f"probe stage: ridge {t_probe * 1e3:.1f} ms vs sklearn LogisticRegression {t_sklearn * 1e3:.1f} ms "
-          f"-> {t_sklearn / t_probe:.0f}x faster")
-    for kind in ("cls", "patch_mean"):
-        diffs = [abs(a - b) * 100 for a, b in zip(ours[kind], naive_accs[kind])]
-        print(f"probe_{kind}: ridge {[round(a, 3) for a in ours[kind]]}")
-        print(f"probe_{kind}: sklearn {[round(a, 3) for a in naive_accs[kind]]}")
-        print(f"probe_{kind}: mean |diff| {statistics.mean(diffs):.2f} points, max {max(diffs):.2f} points")
-    worst = max(abs(m[3] - analysis.layers["token_similarity"][i]) for i, m in enumerate(metrics))
-    print(f"metric agreement with naive: max |token_similarity diff| {worst:.2e}")
-    return analysis
+    record = {"name": name, "images": len(images), "blocks": len(model.blocks), "repeats": repeats,
+              "plain_ms": t_plain * 1e3, "analyze_ms": t_ours * 1e3}
+    lines = [f"### {name}: {len(images)} images, {len(model.blocks)} blocks",
+             f"plain forward        {t_plain * 1e3:8.1f} ms   1.00x",
+             f"isiwatch.analyze     {t_ours * 1e3:8.1f} ms   {t_ours / t_plain:.2f}x  (all metrics + both probes)"]
+    if with_naive:
+        t_naive, (metrics, naive_accs, t_sklearn) = timed(lambda: naive_analysis(model, images, labels, p), 1)
+        zs = naive_activations(model, images)[2]
+        ours, _ = our_probes(zs, labels, p)
+        t_probe = statistics.median(our_probes(zs, labels, p)[1] for _ in range(repeats))
+        worst = max(abs(m[3] - analysis.layers["token_similarity"][i]) for i, m in enumerate(metrics))
+        record.update({"naive_ms": t_naive * 1e3, "probe_ridge_ms": t_probe * 1e3, "probe_sklearn_ms": t_sklearn * 1e3,
+                       "probe_ridge": ours, "probe_sklearn": naive_accs, "max_token_similarity_diff": worst})
+        lines += [f"naive (keep all + sklearn) {t_naive * 1e3:8.1f} ms   {t_naive / t_plain:.2f}x",
+                  f"probe stage: ridge {t_probe * 1e3:.1f} ms vs sklearn LogisticRegression {t_sklearn * 1e3:.1f} ms "
+                  f"-> {t_sklearn / t_probe:.0f}x faster"]
+        for kind in ("cls", "patch_mean"):
+            diffs = [abs(a - b) * 100 for a, b in zip(ours[kind], naive_accs[kind])]
+            lines += [f"probe_{kind}: ridge {[round(a, 3) for a in ours[kind]]}",
+                      f"probe_{kind}: sklearn {[round(a, 3) for a in naive_accs[kind]]}",
+                      f"probe_{kind}: mean |diff| {statistics.mean(diffs):.2f} points, max {max(diffs):.2f} points"]
+        lines.append(f"metric agreement with naive: max |token_similarity diff| {worst:.2e}")
+    print("\n" + "\n".join(lines), flush=True)
+    return analysis, record
 
 
 @torch.no_grad()
@@ -147,9 +163,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="demo checkpoint (default: train the demo model, 10 epochs)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULT, help="where the figures go as JSON")
     add_threads_argument(parser)
     args = parser.parse_args()
     threads = set_torch_threads(args.threads)
+    record = machine(threads)
     print(f"torch {torch.__version__}, timm {timm.__version__}, {threads} threads")
 
     images, labels = embedded_digits()
@@ -159,7 +177,8 @@ def main() -> None:
         model, _ = make_digits_vit(0)
         train_classifier(model, images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN], epochs=10)
     test_x, test_y = images[DIGITS_TRAIN:], labels[DIGITS_TRAIN:]
-    analysis = bench("demo ViT (depth 12, width 64) on the held-out digits", model, test_x, test_y, args.repeats)
+    analysis, demo = bench("demo ViT (depth 12, width 64) on the held-out digits", model, test_x, test_y,
+                           args.repeats)
     print("\ncurves of the demo-trained model:")
     for metric, values in analysis.layers.items():
         print(f"  {metric:20s} {' '.join(f'{v:.3f}' for v in values)}")
@@ -167,8 +186,11 @@ def main() -> None:
 
     torch.manual_seed(0)
     vit_s = timm.create_model("vit_small_patch16_224", pretrained=False).eval()
-    bench("ViT-S/16 at 224 px (random init, timing only)", vit_s, torch.randn(32, 3, 224, 224),
-          torch.arange(32) % 4, max(2, args.repeats // 2), with_naive=False)
+    _, small = bench("ViT-S/16 at 224 px (random init, timing only)", vit_s, torch.randn(32, 3, 224, 224),
+                     torch.arange(32) % 4, max(2, args.repeats // 2), with_naive=False)
+    record["load_1min_end"] = round(current_load(), 2)
+    write_json(args.out, {"machine": record, "args": {k: str(v) for k, v in vars(args).items()},
+                          "benches": [demo, small], "analysis": analysis.to_dict()})
 
 
 if __name__ == "__main__":

@@ -37,12 +37,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_truncate import mean_ci as t_interval  # noqa: E402
 from bench_truncate import step_flops  # noqa: E402
 from depth_tasks import TASKS, Task, load_task  # noqa: E402
+from machine import machine  # noqa: E402
 
 from isiwatch.analysis import analyze  # noqa: E402
 from isiwatch.boundary_distances import boundary_distances  # noqa: E402
 from isiwatch.cost import count_parameters, forward_flops  # noqa: E402
 from isiwatch.files import write_json  # noqa: E402
-from isiwatch.threads import add_threads_argument, set_torch_threads
+from isiwatch.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
 from isiwatch.training import accuracy, make_digits_vit, train_classifier  # noqa: E402
 
 BATCH, LR = 128, 3e-3
@@ -209,7 +210,7 @@ def main() -> None:
     add_threads_argument(parser)  # pass 1 when running one process per task
     parser.add_argument("--summarize-only", action="store_true")
     args = parser.parse_args()
-    set_torch_threads(args.threads)
+    record = machine(set_torch_threads(args.threads))
     args.work.mkdir(parents=True, exist_ok=True)
     items_path = args.work / "items.jsonl"
     start = time.perf_counter()
@@ -228,11 +229,13 @@ def main() -> None:
     rows = [r for k, r in read_items(items_path).items() if k[3] == args.epochs]
     tasks = summarise(rows)
     lines = markdown(tasks)
+    record["load_1min_end"] = round(current_load(), 2)
     print("\n".join(lines))
     write_json(args.results / "sweep.json", {"tasks": tasks, "models": rows, "markdown": lines,
                                              "args": {k: str(v) for k, v in vars(args).items()},
                                              "recipe": {"batch": BATCH, "lr": LR, "width": 64, "heads": 4},
-                                             "minutes_this_invocation": (time.perf_counter() - start) / 60})
+                                             "minutes_this_invocation": (time.perf_counter() - start) / 60,
+                                             "machine": None if args.summarize_only else record})
     plot(tasks, args.results)
 
 

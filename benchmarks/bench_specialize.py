@@ -18,29 +18,35 @@ blocks) and ``norms+lora`` (plus a rank-8 LoRA QKV update there). Reported on th
 
 Means over seeds with 95 % Student-t intervals; Δ columns are paired per seed (same init and data order).
 
-    python benchmarks/bench_specialize.py --seeds 3 --epochs 6 --out /tmp/bench_specialize.json
+    python benchmarks/bench_specialize.py --seeds 3 --epochs 4 --depth 4   # writes results/specialize/specialize.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import timm
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from isiwatch import analyze
-from isiwatch.data import DIGITS_TRAIN, MNIST_MEAN, MNIST_STD, embedded_digits
-from isiwatch.ridge import accuracy_score, fit_ridge
-from isiwatch.specialize import parameter_overhead, specialize
-from isiwatch.threads import add_threads_argument, set_torch_threads
-from isiwatch.training import accuracy, make_digits_vit, train_classifier
+sys.path.insert(0, str(Path(__file__).parent))
+from machine import machine  # noqa: E402
 
+from isiwatch import analyze  # noqa: E402
+from isiwatch.data import DIGITS_TRAIN, MNIST_MEAN, MNIST_STD, embedded_digits  # noqa: E402
+from isiwatch.files import write_json  # noqa: E402
+from isiwatch.ridge import accuracy_score, fit_ridge  # noqa: E402
+from isiwatch.specialize import parameter_overhead, specialize  # noqa: E402
+from isiwatch.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
+from isiwatch.training import accuracy, make_digits_vit, train_classifier  # noqa: E402
+
+RESULT = Path(__file__).parent / "results" / "specialize" / "specialize.json"
 VARIANTS = {
     "baseline": None,
     "norms": {"norms": True},
@@ -185,10 +191,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--depth", type=int, default=6)
-    parser.add_argument("--out", help="Write the raw results as JSON here.")
+    parser.add_argument("--out", type=Path, default=RESULT, help="where the results go as JSON")
     add_threads_argument(parser)
     args = parser.parse_args()
-    set_torch_threads(args.threads)
+    record = machine(set_torch_threads(args.threads))
     kwargs = {"depth": args.depth}
 
     images, labels = embedded_digits()
@@ -220,16 +226,16 @@ def main() -> None:
     wall = time.perf_counter() - start
 
     steps = args.epochs * math.ceil(DIGITS_TRAIN / 128)
-    print(f"\n{args.seeds} seeds × {len(VARIANTS)} variants, depth {args.depth}, width 64, {args.epochs} epochs "
-          f"({steps} AdamW steps, batch 128, one-cycle lr 2e-3) each; {wall / 60:.1f} min of training + probes")
-    print(f"dense-probe floors: position only {100 * floor:.2f} %, majority bin {100 * majority:.2f} %\n")
-    print(table(results, arch_overhead[next(iter(arch_overhead))], latency))
-    print()
-    print(overhead_table(arch_overhead))
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"args": vars(args), "results": results, "overhead": arch_overhead, "latency": latency,
-                       "init_friction": init_friction, "position_floor": floor, "majority": majority}, fh, indent=1)
+    lines = [f"{args.seeds} seeds × {len(VARIANTS)} variants, depth {args.depth}, width 64, {args.epochs} epochs "
+             f"({steps} AdamW steps, batch 128, one-cycle lr 2e-3) each; {wall / 60:.1f} min of training + probes.",
+             "", f"Dense-probe floors: position only {100 * floor:.2f} %, majority bin {100 * majority:.2f} %.", "",
+             table(results, arch_overhead[next(iter(arch_overhead))], latency), "", overhead_table(arch_overhead)]
+    print("\n" + "\n".join(lines))
+    record["load_1min_end"] = round(current_load(), 2)
+    write_json(args.out, {"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
+                          "overhead": arch_overhead, "latency": latency, "init_friction": init_friction,
+                          "position_floor": floor, "majority": majority, "minutes": wall / 60, "machine": record,
+                          "markdown": "\n".join(lines).split("\n")})
 
 
 if __name__ == "__main__":

@@ -10,12 +10,13 @@ of training the full model plus healing the cut (FLOPs of one forward + backward
 with torch.utils.flop_counter; optimizer updates are element-wise and not counted). Accuracy is on the
 1,000 held-out digits.
 
-    python benchmarks/bench_truncate.py                      # main table (35 min on the busy shared 2 cores)
-    python benchmarks/bench_truncate.py --epochs 8 --out benchmarks/bench_truncate_results_e8.json  # 11 min
+    python benchmarks/bench_truncate.py                      # main table: results/truncate/truncate.json
+    python benchmarks/bench_truncate.py --epochs 8 --out benchmarks/results/truncate/truncate_e8.json
     python benchmarks/bench_truncate.py --seeds 0 --epochs 2 --keeps 4 --scratch-keeps   # smoke run
 
 Results are appended per item to ``--work``/items.jsonl (a rerun skips finished items) and summarised
-to ``--out`` (JSON) and stdout (markdown tables).
+to ``--out`` (JSON, with the machine and its load) and stdout (markdown tables); ``benchmarks/report.py``
+renders RESULTS.md's section from the JSON.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from machine import machine
 from scipy import stats
 
 from isiwatch.analysis import analyze
@@ -36,7 +38,7 @@ from isiwatch.boundary_distances import boundary_distances
 from isiwatch.cost import count_flops, count_parameters, forward_flops, measure_latency
 from isiwatch.data import DIGITS_TRAIN, embedded_digits
 from isiwatch.phases import Phases
-from isiwatch.threads import add_threads_argument, set_torch_threads
+from isiwatch.threads import add_threads_argument, current_load, set_torch_threads
 from isiwatch.training import accuracy, make_digits_vit, predict, train_classifier
 from isiwatch.truncate import (
     HEAL_EPOCHS,
@@ -187,6 +189,13 @@ def costs(keeps: list[int], test_x) -> list[dict]:
     return rows
 
 
+def cost_lines(cost_rows: list[dict]) -> list[str]:
+    """The cost table: parameters, FLOPs per image and latency at batch 64 and 1 per depth."""
+    return ["| blocks | params | MFLOPs/img | latency ms, batch 64 | latency ms, batch 1 |", "|---|---|---|---|---|",
+            *(f"| {r['blocks']} | {r['parameters']:,} | {r['flops_per_image'] / 1e6:.2f} | "
+              f"{r['latency_ms_b64']:.1f} | {r['latency_ms_b1']:.2f} |" for r in cost_rows)]
+
+
 def fmt(values: list[float]) -> str:
     mean, half = mean_ci([100 * v for v in values])
     return f"{mean:.1f} ± {half:.1f}" if math.isfinite(half) else f"{mean:.1f}"
@@ -243,10 +252,11 @@ def main() -> None:
     parser.add_argument("--scratch-keeps", nargs="*", default=["auto"],
                         help="depths of the from-scratch baseline ('auto': the plateau cut's depth)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/isiwatch-bench-truncate"))
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("bench_truncate_results.json"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "truncate" / "truncate.json")
     add_threads_argument(parser)
     args = parser.parse_args()
     threads = set_torch_threads(args.threads)
+    record = machine(threads)
     args.work.mkdir(parents=True, exist_ok=True)
     images, labels = embedded_digits()
     data = images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN], images[DIGITS_TRAIN:], labels[DIGITS_TRAIN:]
@@ -258,16 +268,15 @@ def main() -> None:
     cost_rows = costs(keeps, data[2])
     summary = summarise(items, args)
     lines = summary.pop("lines")
-    lines += ["", "| blocks | params | MFLOPs/img | latency ms, batch 64 | latency ms, batch 1 |",
-              "|---|---|---|---|---|"]
-    lines += [f"| {r['blocks']} | {r['parameters']:,} | {r['flops_per_image'] / 1e6:.2f} | "
-              f"{r['latency_ms_b64']:.1f} | {r['latency_ms_b1']:.2f} |" for r in cost_rows]
+    lines += ["", *cost_lines(cost_rows)]
     minutes = (time.perf_counter() - start) / 60
     lines.append(f"\n(run: {minutes:.1f} min this invocation, torch threads {threads}, "
                  f"heal {HEAL_EPOCHS} epochs at lr {HEAL_LR}, base {args.epochs} epochs batch {BASE_BATCH})")
     print("\n".join(lines))
+    record["load_1min_end"] = round(current_load(), 2)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**summary, "costs": cost_rows, "args": {k: str(v) for k, v in vars(args).items()},
-                                    "markdown": lines}, indent=1) + "\n")
+                                    "markdown": lines, "minutes": minutes, "machine": record}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_depth import BATCH, LR, PROBE_IMAGES, build_model, checkpoint_path, mean_ci  # noqa: E402
 from bench_truncate import step_flops  # noqa: E402
 from depth_tasks import TASKS, load_task  # noqa: E402
+from machine import machine  # noqa: E402
 
 from isiwatch.analysis import analyze  # noqa: E402
 from isiwatch.boundary_distances import boundary_distances  # noqa: E402
@@ -43,7 +44,7 @@ from isiwatch.cost import count_parameters, forward_flops, measure_latency  # no
 from isiwatch.cut_search import DEFAULT_BUDGET, DEFAULT_MAX_DROP  # noqa: E402
 from isiwatch.depth import recommend_depth  # noqa: E402
 from isiwatch.files import write_json  # noqa: E402
-from isiwatch.threads import add_threads_argument, set_torch_threads  # noqa: E402
+from isiwatch.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
 from isiwatch.training import accuracy, train_classifier  # noqa: E402
 from isiwatch.truncate import (  # noqa: E402
     HEAL_EPOCHS,
@@ -203,6 +204,14 @@ def summarise(rows: list[dict], cost_rows: list[dict], args) -> tuple[dict, list
     return summary, lines
 
 
+def cost_lines(cost_rows: list[dict], threads: int, rounds: int) -> list[str]:
+    """The cost table: parameters, FLOPs and latency at batch 64 and 1 per task and kept depth."""
+    lines = ["| task | blocks | params | MFLOPs/img | latency ms b64 | latency ms b1 |", "|---|---|---|---|---|---|"]
+    lines += [f"| {c['task']} | {c['blocks']} | {c['parameters']:,} | {c['flops_per_image'] / 1e6:.2f} | "
+              f"{c['latency_ms_b64']:.2f} | {c['latency_ms_b1']:.3f} |" for c in cost_rows]
+    return [*lines, "", f"(latency: torch threads {threads}, {rounds} interleaved rounds)"]
+
+
 def fmt(values: list[float], signed: bool = False) -> str:
     return fmt_ci(mean_ci(values), signed)
 
@@ -235,16 +244,15 @@ def main() -> None:
             for seed in args.seeds:
                 run_one(task, seed, args, items)
         return
+    record = machine(threads)
     rows = [r for r in load_items(items).values() if r["task"] in args.tasks and r["seed"] in args.seeds]
     cost_rows = costs(args.tasks, rows, args)
     summary, lines = summarise(rows, cost_rows, args)
-    lines += ["| task | blocks | params | MFLOPs/img | latency ms b64 | latency ms b1 |", "|---|---|---|---|---|---|"]
-    lines += [f"| {c['task']} | {c['blocks']} | {c['parameters']:,} | {c['flops_per_image'] / 1e6:.2f} | "
-              f"{c['latency_ms_b64']:.2f} | {c['latency_ms_b1']:.3f} |" for c in cost_rows]
-    lines.append(f"\n(latency: torch threads {threads}, {args.latency_rounds} interleaved rounds)")
+    lines += cost_lines(cost_rows, threads, args.latency_rounds)
     print("\n".join(lines))
+    record["load_1min_end"] = round(current_load(), 2)
     write_json(args.results / "truncate_auto.json", {"summary": summary, "rows": rows, "costs": cost_rows,
-                                                     "markdown": lines,
+                                                     "markdown": lines, "machine": record,
                                                      "args": {k: str(v) for k, v in vars(args).items()}})
 
 
