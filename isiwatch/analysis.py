@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -57,10 +58,10 @@ class Analysis:
 
     layers: dict[str, list[float]]
     stem: dict[str, dict[str, float]]
-    model_info: dict
+    model_info: dict[str, Any]
     phase_metric: str = DEFAULT_PHASE_METRIC
     phases: Phases | None = None
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def depth(self) -> int:
@@ -71,7 +72,7 @@ class Analysis:
             raise KeyError(f"unknown metric {metric!r}; this analysis has {sorted(self.layers)}")
         return self.layers[metric]
 
-    def detect_phases(self, metric: str | None = None, **options) -> Phases | None:
+    def detect_phases(self, metric: str | None = None, **options: Any) -> Phases | None:
         """Phases of any tracked curve; None when it has no plateau or holds non-finite values."""
         curve = self.curve(metric or self.phase_metric)
         if len(curve) < 4 or not all(math.isfinite(v) for v in curve):
@@ -88,17 +89,18 @@ class Analysis:
         cut.phases = cut.detect_phases()
         return cut
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The ``analysis.json`` schema; non-finite numbers become null."""
         rows = [{"index": i, **{m: finite_or_none(v[i]) for m, v in self.layers.items()}} for i in range(self.depth)]
-        phases = {"metric": self.phase_metric, "plateau": None, "cliff": None, "climb": None, "length": 0}
+        phases: dict[str, Any] = {"metric": self.phase_metric, "plateau": None, "cliff": None, "climb": None,
+                                  "length": 0}
         if self.phases is not None:
             phases.update(self.phases.to_dict())
         stem = {p: {m: finite_or_none(v) for m, v in vals.items()} for p, vals in self.stem.items()}
         return {"model": self.model_info, "layers": rows, "stem": stem, "phases": phases, "options": self.options}
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> Analysis:
+    def from_dict(cls, data: Mapping[str, Any]) -> Analysis:
         rows = sorted(data["layers"], key=lambda r: r["index"])
         metrics = [k for k in rows[0] if k != "index"] if rows else []
         layers = {m: [math.nan if r.get(m) is None else float(r[m]) for r in rows] for m in metrics}
@@ -155,6 +157,8 @@ class _Collector:
             self.cls_feats[row - 1, rows] = tokens[:, 0]
 
     def _recon(self, tokens: Tensor) -> float:
+        # callers check: recon_k is set (so is chunk_split) and the stem delivered embeddings
+        assert self.recon_k is not None and self.chunk_split is not None and self.embeddings is not None
         if not (torch.isfinite(tokens).all() and torch.isfinite(self.embeddings).all()):
             return math.nan
         train, test = self.chunk_split
@@ -197,7 +201,7 @@ def analyze(
     probe_train_fraction: float = 0.7,
     seed: int = 0,
     phase_metric: str = DEFAULT_PHASE_METRIC,
-    phase_options: Mapping | None = None,
+    phase_options: Mapping[str, Any] | None = None,
     parts: ViTParts | None = None,
 ) -> Analysis:
     """Run every per-layer metric (:data:`METRICS`) on ``images`` (B,C,H,W) and segment ``phase_metric`` into phases.
@@ -244,8 +248,9 @@ def analyze(
 
 
 def _add_probes(collector: _Collector, labels: Tensor, train_fraction: float, seed: int,
-                layers: dict, stem: dict) -> None:
+                layers: dict[str, list[float]], stem: dict[str, dict[str, float]]) -> None:
     train, test = split_indices(len(labels), train_fraction, seed)
+    assert collector.patch_feats is not None  # kept with labels, from the first block on
     feats = [collector.patch_feats] + ([collector.cls_feats] if collector.cls_feats is not None else [])
     acc = probe_accuracy(torch.cat(feats), labels, train, test).tolist()
     depth = collector.parts.depth

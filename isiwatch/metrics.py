@@ -37,7 +37,8 @@ def unit(t: Tensor) -> Tensor:
 
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:
-    return torch.linalg.vecdot(a, b)
+    dots: Tensor = torch.linalg.vecdot(a, b)
+    return dots
 
 
 def _norm(squared: Tensor) -> Tensor:
@@ -83,7 +84,9 @@ def attention_stats(scores: AttentionScores, p: int, has_cls: bool) -> tuple[Ten
 
 
 def _device(scores: AttentionScores) -> torch.device:
-    return (scores.logits if scores.logits is not None else scores.q).device
+    held = scores.logits if scores.logits is not None else scores.q
+    assert held is not None  # q is set whenever logits are not
+    return held.device
 
 
 def token_similarity(z: Tensor, p: int, center: Tensor | None = None) -> Tensor:
@@ -139,6 +142,7 @@ def block_metrics(bt: BlockTensors) -> dict[str, Tensor]:
            "token_similarity": token_similarity(z, p),
            "block_influence": 1.0 - (_dot(x, z) / (nx * _norm(zz))).mean(-1)}
     if bt.has_cls:
+        assert share is not None  # attention_stats returns a share whenever has_cls
         out["cls_attention_share"] = share
         out["cls_patch_cos"] = _cls_patch_cos(z, zz, p)
         out["norm_friction"] = _cls_patch_cos(x, xx, p) - cls_patch_cos(bt.x_normed, p)

@@ -14,7 +14,9 @@ the (B,H,Tq,Tk) scores are rebuilt chunk by chunk by the metrics, never for the 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +45,8 @@ class AttentionScores:
     def shape(self) -> tuple[int, int, int, int]:
         """(B, H, Tq, Tk)."""
         if self.logits is not None:
-            return tuple(self.logits.shape)  # type: ignore[return-value]
+            return cast(tuple[int, int, int, int], tuple(self.logits.shape))  # logits are 4-D
+        assert self.q is not None and self.k is not None  # q/k are None only when logits are set
         b, h, tq, _ = self.q.shape
         return b, h, tq, self.k.shape[-2]
 
@@ -56,6 +59,7 @@ class AttentionScores:
         """Scores of images [start, stop), (b,H,Tq,Tk) fp32."""
         if self.logits is not None:
             return self.logits[start:stop]
+        assert self.q is not None and self.k is not None  # q/k are None only when logits are set
         s = torch.matmul(self.q[start:stop], self.k[start:stop].transpose(-2, -1)).mul_(self.scale)
         if self.bias is not None:
             bias = self.bias
@@ -92,7 +96,7 @@ def _from_sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | No
     return AttentionScores(q, k, q.shape[-1] ** -0.5 if scale is None else float(scale), bias)
 
 
-def _softmax_over_keys(args: tuple, kwargs: dict) -> Tensor | None:
+def _softmax_over_keys(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
     x = args[0]
     dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
     if isinstance(x, Tensor) and x.dim() == 4 and dim in (-1, 3):
@@ -108,7 +112,8 @@ class AttentionRecorder(TorchFunctionMode):
         self.active = False
         self.records: list[AttentionScores] = []
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func: Callable[..., Any], types: Collection[type], args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if self.active:
             if func is F.scaled_dot_product_attention:

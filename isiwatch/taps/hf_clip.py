@@ -9,6 +9,8 @@ probe are not reported. The patch embedding E is the patch convolution's output.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from .hf_vit import layer_list
@@ -18,13 +20,14 @@ from .parts import BlockParts, ViTParts, branch_output, channels_first_tokens
 def parts(model: nn.Module) -> ViTParts | None:
     if not type(model).__module__.startswith("transformers."):
         return None
-    embeddings = getattr(model, "embeddings", None)
+    embeddings: Any = getattr(model, "embeddings", None)  # transformers objects: read by attribute
     layers = layer_list(model)
     if layers is None or not isinstance(getattr(embeddings, "patch_embedding", None), nn.Conv2d):
         return None
     has_cls = getattr(embeddings, "class_embedding", None) is not None
     p = int(has_cls)
     blocks = []
+    layer: Any
     for layer in layers:
         if not (hasattr(layer, "layer_norm1") and hasattr(layer, "self_attn")):
             return None

@@ -9,9 +9,11 @@ softmax), so BEiT's relative position bias, passed as the attention mask, is in 
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
-from .parts import BlockParts, ViTParts, branch_output, first_output
+from .parts import BlockParts, BranchFn, ViTParts, all_blocks, branch_output, first_output
 
 
 def layer_list(model: nn.Module) -> nn.ModuleList | None:
@@ -24,13 +26,13 @@ def layer_list(model: nn.Module) -> nn.ModuleList | None:
     return None
 
 
-def _layer(layer: nn.Module, p: int, has_cls: bool) -> BlockParts | None:
+def _layer(layer: Any, p: int, has_cls: bool) -> BlockParts | None:
     attn = getattr(layer, "attention", None)
     if attn is None:
         return None
     if hasattr(layer, "layernorm_before"):  # ViT, DeiT, BEiT
         scale = getattr(layer, "lambda_1", None)
-        branch = branch_output if scale is None else (lambda _i, out: scale * first_output(out))
+        branch: BranchFn = branch_output if scale is None else (lambda _i, out: scale * first_output(out))
         return BlockParts(layer, (attn,), ((attn, branch),), layer.layernorm_before, p, has_cls)
     if hasattr(layer, "norm1") and hasattr(layer, "layer_scale1"):  # DINOv2
         return BlockParts(layer, (attn,), ((layer.layer_scale1, branch_output),), layer.norm1, p, has_cls)
@@ -49,6 +51,6 @@ def parts(model: nn.Module) -> ViTParts | None:
     p = int(has_cls) + int(getattr(embeddings, "distillation_token", None) is not None) + (
         0 if registers is None else registers.shape[1])
     blocks = [_layer(layer, p, has_cls) for layer in layers]
-    if any(b is None for b in blocks):
+    if not all_blocks(blocks):
         return None
     return ViTParts("transformers", blocks, embeddings.patch_embeddings, p, has_cls)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from torch import Tensor, nn
 
@@ -17,22 +17,23 @@ class TapError(ValueError):
 
 
 #: Maps a hooked module's (inputs, output) to its share of the attention residual branch (B,T',D).
-BranchFn = Callable[[tuple, Any], Tensor]
+BranchFn = Callable[[tuple[Any, ...], Any], Tensor]
 #: Maps a block call's (args, kwargs, output) to its input X and output Z, both (B,T,D).
-TokensFn = Callable[[tuple, dict, Any], tuple[Tensor, Tensor]]
+TokensFn = Callable[[tuple[Any, ...], dict[str, Any], Any], tuple[Tensor, Tensor]]
 
 
 def first_output(output: Any) -> Tensor:
     """The tensor of a module output that may be a tuple (transformers layers return tuples)."""
-    return output[0] if isinstance(output, (tuple, list)) else output
+    tensor: Tensor = output[0] if isinstance(output, (tuple, list)) else output
+    return tensor
 
 
-def branch_output(_inputs: tuple, output: Any) -> Tensor:
+def branch_output(_inputs: tuple[Any, ...], output: Any) -> Tensor:
     """The hooked module's output is the branch itself (timm: ``drop_path1``)."""
     return first_output(output)
 
 
-def block_io(args: tuple, kwargs: dict, output: Any) -> tuple[Tensor, Tensor]:
+def block_io(args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> tuple[Tensor, Tensor]:
     """X is the block's first argument (positional or keyword), Z its output."""
     x = args[0] if args else next(iter(kwargs.values()))
     return x, first_output(output)
@@ -86,6 +87,11 @@ class ViTParts:
         return self.depth if self.droppable_blocks is None else self.droppable_blocks
 
 
+def all_blocks(blocks: list[BlockParts | None]) -> TypeGuard[list[BlockParts]]:
+    """Whether the adapter described every block (None marks a block it does not know)."""
+    return not any(b is None for b in blocks)
+
+
 def tokens_last(e: Tensor) -> Tensor:
     """(B,N,D) from a channels-last patch grid (B,h,w,D) or tokens (B,N,D)."""
     return e.flatten(1, -2) if e.dim() > 3 else e
@@ -121,7 +127,7 @@ def input_problem(parts: ViTParts, shape: Sequence[int]) -> str | None:
         channels = None if conv is None else conv.in_channels
     if channels is not None and c != channels:
         return f"{c}-channel images, but the model's patch embedding takes {channels} channels"
-    from timm.layers import PatchEmbed
+    from timm.layers.patch_embed import PatchEmbed  # where timm.layers re-exports it from
 
     if isinstance(embed, PatchEmbed) and embed.img_size is not None:
         (size_h, size_w), (patch_h, patch_w) = embed.img_size, embed.patch_size

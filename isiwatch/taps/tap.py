@@ -10,12 +10,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 from .attention import AttentionRecorder, AttentionScores
-from .parts import TapError, ViTParts
+from .parts import BlockParts, BranchFn, TapError, ViTParts
+
+#: Receives the patch embedding E (None without a separate patch embedding) and block 0's input X0.
+StemFn = Callable[[Tensor | None, Tensor], None]
 
 
 @dataclass
@@ -55,29 +60,30 @@ class Tap:
         self.parts = parts
 
     @contextlib.contextmanager
-    def _hooks(self, on_stem: Callable, on_block: Callable[[BlockTensors], None]) -> Iterator[None]:
+    def _hooks(self, on_stem: StemFn, on_block: Callable[[BlockTensors], None]) -> Iterator[None]:
         parts = self.parts
         recorder = AttentionRecorder()
-        handles = []
-        state: dict = {}
+        handles: list[RemovableHandle] = []
+        state: dict[str, Any] = {}
 
         if parts.patch_embed is not None:
-            def keep_embedding(_module, _inputs, output):
+            def keep_embedding(_module: nn.Module, _inputs: tuple[Any, ...], output: Any) -> None:
                 state["E"] = parts.embed_tokens(output).float()
             handles.append(parts.patch_embed.register_forward_hook(keep_embedding))
 
         for index, bp in enumerate(parts.blocks):
-            def block_start(_module, _args, index=index):
+            def block_start(_module: nn.Module, _args: tuple[Any, ...], index: int = index) -> None:
                 state.update(block=index, branch=[], records=[])
                 state.pop("Xn", None)
 
-            def attention_start(_module, _args):
-                recorder.__enter__()  # the mode only while attention modules run: no cost elsewhere
+            def attention_start(_module: nn.Module, _args: tuple[Any, ...]) -> None:
+                # the mode only while attention modules run: no cost elsewhere (torch leaves its __enter__ untyped)
+                recorder.__enter__()  # type: ignore[no-untyped-call]
                 recorder.active = True
 
-            def attention_end(module, _args, _output, index=index):
+            def attention_end(module: nn.Module, _args: tuple[Any, ...], _output: Any, index: int = index) -> None:
                 recorder.active = False
-                recorder.__exit__(None, None, None)
+                recorder.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # torch: untyped
                 new = list(recorder.records)
                 recorder.records.clear()
                 if not new:
@@ -85,13 +91,14 @@ class Tap:
                                    "neither scaled_dot_product_attention nor a softmax over keys)")
                 state["records"] += new  # several for differential attention: both maps, heads side by side
 
-            def keep_norm(_module, _inputs, output):
+            def keep_norm(_module: nn.Module, _inputs: tuple[Any, ...], output: Any) -> None:
                 state["Xn"] = output
 
-            def add_branch(_module, inputs, output, fn=None):
+            def add_branch(_module: nn.Module, inputs: tuple[Any, ...], output: Any, fn: BranchFn) -> None:
                 state["branch"].append(fn(inputs, output).float())
 
-            def block_end(_module, args, kwargs, output, index=index, bp=bp):
+            def block_end(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any,
+                          index: int = index, bp: BlockParts = bp) -> None:
                 x, z = (t.float() for t in bp.tokens(args, kwargs, output))
                 if index == 0:
                     on_stem(state.pop("E", None), x)
@@ -120,13 +127,13 @@ class Tap:
         finally:
             if recorder.active:  # an exception inside an attention module: leave torch's mode stack as it was
                 recorder.active = False
-                recorder.__exit__(None, None, None)
+                recorder.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # torch: untyped
             for h in handles:
                 h.remove()
             state.clear()
 
     @torch.no_grad()
-    def capture(self, model: nn.Module, images: Tensor, on_stem: Callable,
+    def capture(self, model: nn.Module, images: Tensor, on_stem: StemFn,
                 on_block: Callable[[BlockTensors], None]) -> Tensor:
         """One forward of ``images`` through ``model`` with the hooks in place; returns the model output.
 
@@ -134,14 +141,16 @@ class Tap:
         """
         with preserved_state(model), self._hooks(on_stem, on_block):
             model.eval()
-            return model(images)
+            output: Tensor = model(images)
+            return output
 
 
 @contextlib.contextmanager
 def preserved_state(model: nn.Module) -> Iterator[None]:
     """Restore each module's train/eval flag and the CPU/CUDA RNG states (``torch.random.fork_rng``) on exit."""
     modes = [(m, m.training) for m in model.modules()]
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    initialized = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]  # torch leaves it untyped
+    devices = list(range(torch.cuda.device_count())) if initialized else []
     try:
         with torch.random.fork_rng(devices=devices):
             yield

@@ -7,6 +7,8 @@ in the softmax input, so the tap's scores include it. Y = X + ``drop_path1`` out
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from .parts import BlockParts, ViTParts, branch_output
@@ -20,5 +22,6 @@ def parts(model: nn.Module) -> ViTParts | None:
     if not isinstance(model, Beit) or not all(isinstance(b, Block) for b in model.blocks):
         return None
     p, has_cls = model.num_prefix_tokens, model.cls_token is not None
-    blocks = [BlockParts(b, (b.attn,), ((b.drop_path1, branch_output),), b.norm1, p, has_cls) for b in model.blocks]
+    beit_blocks: Any = model.blocks  # timm Blocks (checked above), read by attribute
+    blocks = [BlockParts(b, (b.attn,), ((b.drop_path1, branch_output),), b.norm1, p, has_cls) for b in beit_blocks]
     return ViTParts("timm", blocks, model.patch_embed, p, has_cls)

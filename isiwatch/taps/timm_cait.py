@@ -12,15 +12,23 @@ Y = X + γ₁ · attention output. Truncation drops self-attention blocks only; 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from .parts import BlockParts, ViTParts, first_output
+from .parts import BlockParts, TokensFn, ViTParts, block_io, first_output
 
 
-def _class_attention_io(args: tuple, kwargs: dict, output) -> tuple[torch.Tensor, torch.Tensor]:
+def _class_attention_io(args: tuple[Any, ...], kwargs: dict[str, Any],
+                        output: Any) -> tuple[torch.Tensor, torch.Tensor]:
     x, x_cls = (*args, *kwargs.values())[:2]
     return torch.cat([x_cls, x], dim=1), torch.cat([first_output(output), x], dim=1)
+
+
+def _block(b: Any, p: int, has_cls: bool, tokens: TokensFn = block_io) -> BlockParts:
+    """A ``LayerScaleBlock`` or ``LayerScaleBlockClassAttn`` (read by attribute): Y = X + γ₁ · attention output."""
+    return BlockParts(b, (b.attn,), ((b.attn, lambda _i, out: b.gamma_1 * out),), b.norm1, p, has_cls, tokens)
 
 
 def parts(model: nn.Module) -> ViTParts | None:
@@ -34,9 +42,7 @@ def parts(model: nn.Module) -> ViTParts | None:
             isinstance(b, LayerScaleBlockClassAttn) for b in model.blocks_token_only):
         return None
     has_cls = model.cls_token is not None
-    blocks = [BlockParts(b, (b.attn,), ((b.attn, lambda _i, out, b=b: b.gamma_1 * out),), b.norm1, 0, False)
-              for b in model.blocks]
-    blocks += [BlockParts(b, (b.attn,), ((b.attn, lambda _i, out, b=b: b.gamma_1 * out),), b.norm1, 1, has_cls,
-                          _class_attention_io) for b in model.blocks_token_only]
+    blocks = [_block(b, 0, False) for b in model.blocks]
+    blocks += [_block(b, 1, has_cls, _class_attention_io) for b in model.blocks_token_only]
     return ViTParts("timm", blocks, model.patch_embed, model.num_prefix_tokens, has_cls,
                     droppable_blocks=len(model.blocks))

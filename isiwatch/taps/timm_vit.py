@@ -14,19 +14,26 @@ The relative position bias of the relpos ViTs is the mask torch's attention rece
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
+
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
-from .parts import BlockParts, ViTParts, branch_output, channels_first_tokens, first_output
+from .parts import BlockParts, BranchFn, ViTParts, all_blocks, branch_output, channels_first_tokens, first_output
+
+if TYPE_CHECKING:
+    from timm.models.vision_transformer import DiffParallelScalingBlock, ParallelScalingBlock
 
 
-def _fused_projection_share(block: nn.Module):
+def _fused_projection_share(block: ParallelScalingBlock | DiffParallelScalingBlock) -> BranchFn:
     """Attention share of ``ls(out_proj(cat(x_attn, x_mlp)))``: the projection of x_attn alone."""
     proj = block.out_proj
     width = proj.out_features  # x_attn has the block's width
 
-    def share(inputs, _output):
-        return block.ls(F.linear(inputs[0][..., :width], proj.weight[:, :width]))
+    def share(inputs: tuple[Any, ...], _output: Any) -> Tensor:
+        scaled: Tensor = block.ls(F.linear(inputs[0][..., :width], proj.weight[:, :width]))
+        return scaled
     return share
 
 
@@ -46,13 +53,15 @@ def block_parts(block: nn.Module, p: int, has_cls: bool) -> BlockParts | None:
     if isinstance(block, (ResPostBlock, ResPostRelPosBlock)):
         return BlockParts(block, (block.attn,), ((block.drop_path1, branch_output),), None, p, has_cls)
     if isinstance(block, ParallelThingsBlock):
-        return BlockParts(block, tuple(a.attn for a in block.attns),
-                          tuple((a.drop_path, branch_output) for a in block.attns), block.attns[0].norm, p, has_cls)
+        attns: Any = block.attns  # timm's attention branches, read by attribute
+        return BlockParts(block, tuple(a.attn for a in attns), tuple((a.drop_path, branch_output) for a in attns),
+                          attns[0].norm, p, has_cls)
     if isinstance(block, (ParallelScalingBlock, DiffParallelScalingBlock)):
+        branch: tuple[tuple[nn.Module, BranchFn], ...]
         if getattr(block, "out_proj", None) is not None:
             branch = ((block.out_proj, _fused_projection_share(block)),)
-        else:
-            branch = ((block.attn_out_proj, lambda _inputs, output: block.ls(output)),)
+        else:  # not fused: the attention half has its own projection
+            branch = ((cast(nn.Module, block.attn_out_proj), lambda _inputs, output: block.ls(output)),)
         return BlockParts(block, (block,), branch, block.in_norm, p, has_cls)
     return None
 
@@ -65,6 +74,8 @@ def parts(model: nn.Module) -> ViTParts | None:
     from timm.models.vision_transformer import VisionTransformer
     from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 
+    embed: nn.Module
+    embed_tokens: Callable[[Any], Tensor] | None
     if isinstance(model, NaFlexVit):
         embed, has_cls = model.embeds.proj, model.embeds.cls_token is not None
         embed_tokens = channels_first_tokens if isinstance(embed, nn.Conv2d) else first_output
@@ -74,8 +85,9 @@ def parts(model: nn.Module) -> ViTParts | None:
         return None
     p = model.num_prefix_tokens
     blocks = [block_parts(b, p, has_cls) for b in model.blocks]
-    if any(b is None for b in blocks):
+    if not all_blocks(blocks):
         return None
-    extra = {} if embed_tokens is None else {"embed_tokens": embed_tokens}
-    return ViTParts("timm", blocks, embed, p, has_cls, **extra)
+    if embed_tokens is None:
+        return ViTParts("timm", blocks, embed, p, has_cls)
+    return ViTParts("timm", blocks, embed, p, has_cls, embed_tokens)
 
