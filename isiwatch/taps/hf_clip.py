@@ -14,11 +14,11 @@ from typing import Any
 from torch import nn
 
 from .hf_vit import layer_list
-from .parts import BlockParts, ViTParts, branch_output, channels_first_tokens
+from .parts import BlockParts, ViTParts, branch_output, channels_first_tokens, defined_in
 
 
 def parts(model: nn.Module) -> ViTParts | None:
-    if not type(model).__module__.startswith("transformers."):
+    if not defined_in(model, "transformers"):
         return None
     embeddings: Any = getattr(model, "embeddings", None)  # transformers objects: read by attribute
     layers = layer_list(model)

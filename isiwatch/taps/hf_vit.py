@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from .parts import BlockParts, BranchFn, ViTParts, all_blocks, branch_output, first_output
+from .parts import BlockParts, BranchFn, ViTParts, all_blocks, branch_output, defined_in, first_output
 
 
 def layer_list(model: nn.Module) -> nn.ModuleList | None:
@@ -40,7 +40,7 @@ def _layer(layer: Any, p: int, has_cls: bool) -> BlockParts | None:
 
 
 def parts(model: nn.Module) -> ViTParts | None:
-    if not type(model).__module__.startswith("transformers."):
+    if not defined_in(model, "transformers"):
         return None
     embeddings = getattr(model, "embeddings", None)
     layers = layer_list(model)

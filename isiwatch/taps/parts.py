@@ -22,6 +22,13 @@ BranchFn = Callable[[tuple[Any, ...], Any], Tensor]
 TokensFn = Callable[[tuple[Any, ...], dict[str, Any], Any], tuple[Tensor, Tensor]]
 
 
+def defined_in(model: nn.Module, library: str) -> bool:
+    """Whether the model's class or one of its bases comes from ``library`` (FSDP2's ``fully_shard`` and other
+    wrappers subclass the model's class on the fly, elsewhere). Lets an adapter skip foreign models without
+    importing their library."""
+    return any(cls.__module__.split(".")[0] == library for cls in type(model).__mro__)
+
+
 def first_output(output: Any) -> Tensor:
     """The tensor of a module output that may be a tuple (transformers layers return tuples)."""
     tensor: Tensor = output[0] if isinstance(output, (tuple, list)) else output

@@ -11,11 +11,11 @@ from typing import Any
 
 from torch import nn
 
-from .parts import BlockParts, ViTParts, branch_output
+from .parts import BlockParts, ViTParts, branch_output, defined_in
 
 
 def parts(model: nn.Module) -> ViTParts | None:
-    if not type(model).__module__.startswith("timm."):
+    if not defined_in(model, "timm"):
         return None
     from timm.models.beit import Beit, Block
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .parts import BlockParts, TokensFn, ViTParts, block_io, first_output
+from .parts import BlockParts, TokensFn, ViTParts, block_io, defined_in, first_output
 
 
 def _class_attention_io(args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -32,7 +32,7 @@ def _block(b: Any, p: int, has_cls: bool, tokens: TokensFn = block_io) -> BlockP
 
 
 def parts(model: nn.Module) -> ViTParts | None:
-    if not type(model).__module__.startswith("timm."):
+    if not defined_in(model, "timm"):
         return None
     from timm.models.cait import Cait, LayerScaleBlock, LayerScaleBlockClassAttn
 

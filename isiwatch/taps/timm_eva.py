@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from .parts import BlockParts, ViTParts, branch_output
+from .parts import BlockParts, ViTParts, branch_output, defined_in
 
 
 def parts(model: nn.Module) -> ViTParts | None:
-    if not type(model).__module__.startswith("timm."):
+    if not defined_in(model, "timm"):
         return None
     from timm.models.eva import Eva, EvaBlock, EvaBlockPostNorm
 

@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING, Any, cast
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .parts import BlockParts, BranchFn, ViTParts, all_blocks, branch_output, channels_first_tokens, first_output
+from .parts import (
+    BlockParts,
+    BranchFn,
+    ViTParts,
+    all_blocks,
+    branch_output,
+    channels_first_tokens,
+    defined_in,
+    first_output,
+)
 
 if TYPE_CHECKING:
     from timm.models.vision_transformer import DiffParallelScalingBlock, ParallelScalingBlock
@@ -68,7 +77,7 @@ def block_parts(block: nn.Module, p: int, has_cls: bool) -> BlockParts | None:
 
 def parts(model: nn.Module) -> ViTParts | None:
     """timm VisionTransformer / VisionTransformerDistilled / VisionTransformerRelPos / NaFlexVit."""
-    if not type(model).__module__.startswith("timm."):
+    if not defined_in(model, "timm"):
         return None
     from timm.models.naflexvit import NaFlexVit
     from timm.models.vision_transformer import VisionTransformer
