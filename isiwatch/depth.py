@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .analysis import Analysis
 from .phases import Phases
@@ -99,7 +100,7 @@ class DepthRecommendation:
         """The source blocks kept, ascending."""
         return sorted(set(range(self.source_depth)) - set(self.blocks_to_drop))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"depth": self.depth, "signal": self.signal, "blocks_to_drop": list(self.blocks_to_drop),
                 "source_depth": self.source_depth}
 

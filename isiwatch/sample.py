@@ -6,6 +6,7 @@ import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from .depth import DepthRecommendation
 from .files import finite_or_none
@@ -72,7 +73,7 @@ class Sample:
                 return self.layers[metric][-1]
         return None
 
-    def to_dict(self, run: str) -> dict:
+    def to_dict(self, run: str) -> dict[str, Any]:
         return {"step": self.step, "time": self.time, "run": run, "loss": finite_or_none(self.loss),
                 "duration_s": self.duration_s,
                 "layers": {m: [finite_or_none(v) for v in vals] for m, vals in self.layers.items()},

@@ -47,6 +47,8 @@ def fit_softmax(fit: RidgeFit, target: Tensor, steps: int = SOFTMAX_STEPS) -> Ri
     intercept free) on the standardised features: fixed, so nothing is tuned on held-out data; the ridge
     regulariser, chosen by leave-one-out on the training split, sets only the starting point.
     """
+    if fit.spectrum is None:  # unpacking None would be a TypeError too
+        raise TypeError("fit_softmax needs fit_ridge's output: this fit keeps no spectrum (a refined fit drops it)")
     u, s, v = fit.spectrum
     n = u.shape[1]
     lam = 1.0 / n

@@ -17,10 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, TypeGuard
 
 import torch
-from timm.layers import LayerScale
-from timm.models.vision_transformer import Attention as VitAttention
+from timm.layers import LayerScale  # type: ignore[attr-defined]  # timm re-exports without __all__ or "as"
+from timm.models.vision_transformer import Attention as VitAttention  # type: ignore[attr-defined]  # same
 from torch import nn
 
 from .checkpoint import CheckpointError, save_checkpoint
@@ -45,11 +46,11 @@ class SpecializeOptions:
     lora_rank: int | None = None
     layer_scale: bool = False
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "qkv_blocks": list(self.qkv_blocks)}
 
     @classmethod
-    def from_dict(cls, record: Mapping) -> SpecializeOptions:
+    def from_dict(cls, record: object) -> SpecializeOptions:
         """Options as recorded in a checkpoint; anything malformed is a ValueError."""
         if not isinstance(record, Mapping) or set(record) - set(cls.__dataclass_fields__):
             raise ValueError(f"expected a mapping with keys {sorted(cls.__dataclass_fields__)}, got {record!r}")
@@ -62,7 +63,7 @@ class SpecializeOptions:
         return cls(flags[0], tuple(blocks), rank, flags[1])
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -81,13 +82,16 @@ def resolve_qkv_blocks(qkv_blocks: QkvBlocks, depth: int) -> tuple[int, ...]:
         if not 0 <= qkv_blocks <= depth:
             raise ValueError(f"qkv_blocks={qkv_blocks}: the model has {depth} blocks")
         return tuple(range(qkv_blocks))
+    if isinstance(qkv_blocks, int):  # a bool, which list() would refuse with a TypeError too
+        raise TypeError(f"qkv_blocks must be {FIRST_THIRD!r}, a block count or a list of blocks, got {qkv_blocks!r}")
     blocks = list(qkv_blocks)
     if not all(_is_int(b) and 0 <= b < depth for b in blocks) or len(set(blocks)) != len(blocks):
         raise ValueError(f"qkv_blocks {blocks} must be distinct block indices in [0, {depth - 1}]")
     return tuple(sorted(blocks))
 
 
-def _timm_blocks(model: nn.Module) -> tuple[list[nn.Module], int]:
+def _timm_blocks(model: nn.Module) -> tuple[list[Any], int]:
+    """The model's timm blocks (norm1, norm2 and attn.qkv checked; read by attribute) and its prefix-token count."""
     parts = vit_parts(model)
     if parts.family != "timm":
         raise ValueError(f"specialize supports timm ViTs; this is a {parts.family} model")
@@ -164,7 +168,7 @@ def parameter_overhead(model: nn.Module) -> dict[str, float]:
     return {"base": total - added, "added": added, "fraction": added / (total - added)}
 
 
-def apply_recorded(model: nn.Module, record: Mapping, source: str | Path) -> nn.Module:
+def apply_recorded(model: nn.Module, record: object, source: str | Path) -> nn.Module:
     """Re-apply the specialisation recorded in checkpoint ``source`` (:func:`isiwatch.models.build_model` calls it)."""
     try:
         options = SpecializeOptions.from_dict(record)
@@ -173,8 +177,8 @@ def apply_recorded(model: nn.Module, record: Mapping, source: str | Path) -> nn.
         raise CheckpointError(f"{source}: cannot re-apply its recorded specialisation: {exc}") from None
 
 
-def save_specialized(path: str | Path, model: nn.Module, arch: str, model_kwargs: dict,
-                     metadata: dict | None = None, fmt: str = "pt") -> Path:
+def save_specialized(path: str | Path, model: nn.Module, arch: str, model_kwargs: dict[str, Any],
+                     metadata: dict[str, Any] | None = None, fmt: str = "pt") -> Path:
     """Write a specialised model as an isiwatch checkpoint that records its options (atomic)."""
     options = specialization(model)
     if options is None:

@@ -7,6 +7,8 @@ Each policy sees one value (or sample) per sampling step and returns the reason 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from .phases import Phases, Span, spans_near
 from .state import COUNT, NUMBER, checked, is_number, is_span, optional
@@ -79,10 +81,10 @@ class EarlyStopping:
             return f"{self.monitor} did not improve for {self.wait} samples (best {self.best:.4g})"
         return None
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "wait": self.wait, "seen": self.seen, "patience": self.patience}
 
-    def load_state_dict(self, state: dict, where: str = "EarlyStopping state") -> None:
+    def load_state_dict(self, state: Mapping[str, Any], where: str = "EarlyStopping state") -> None:
         """Restore :meth:`state_dict`'s output. ``patience`` comes from the state, as in Lightning; a state
         saved before isiwatch recorded it keeps this instance's patience."""
         checks = {"best": NUMBER, "wait": COUNT, "seen": COUNT}
@@ -117,11 +119,11 @@ class PlateauStopping:
                     f"{self.stable} samples")
         return None
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         anchor = None if self.anchor is None else [list(self.anchor[0]), self.anchor[1]]
         return {"anchor": anchor, "stable": self.stable}
 
-    def load_state_dict(self, state: dict, where: str = "PlateauStopping state") -> None:
+    def load_state_dict(self, state: Mapping[str, Any], where: str = "PlateauStopping state") -> None:
         anchor = (optional(lambda a: isinstance(a, (list, tuple)) and len(a) == 2 and is_span(a[0])
                            and is_number(a[1])), "null or [[start, end], accuracy]")
         s = checked(state, where, anchor=anchor, stable=COUNT)
