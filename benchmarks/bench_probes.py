@@ -14,7 +14,6 @@ resized to 3 channels. Writes ``benchmarks/results/probes/probes.json``.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from pathlib import Path
@@ -23,14 +22,16 @@ import numpy as np
 import timm
 import torch
 import torch.nn.functional as F
+from machine import machine
 from sklearn.linear_model import LogisticRegression
 
 from isiwatch.checkpoint import load_checkpoint
 from isiwatch.data import DIGITS_TRAIN, embedded_digits
 from isiwatch.files import write_json
+from isiwatch.models import build_model
 from isiwatch.probes import probe_accuracy, split_indices
 from isiwatch.softmax import SOFTMAX_STEPS
-from isiwatch.threads import add_threads_argument, set_torch_threads
+from isiwatch.threads import add_threads_argument, current_load, set_torch_threads
 from isiwatch.training import make_digits_vit, train_classifier
 
 RESULTS = Path(__file__).parent / "results" / "probes" / "probes.json"
@@ -94,6 +95,20 @@ def compare(name: str, features: torch.Tensor, labels: torch.Tensor, repeats: in
     return result
 
 
+def markdown(results: list[dict]) -> list[str]:
+    """The RESULTS.md table: probe accuracy minus scikit-learn's per layer, and the probe-stage time ratio."""
+    lines = ["| model | probes (images train/test) | isiwatch − sklearn: mean / mean \\|gap\\| / worst (points) | "
+             "ridge only − sklearn | probe stage, isiwatch vs ridge only |", "|---|---|---|---|---|"]
+    for r in results:
+        ours, ridge = r["softmax"], r["ridge"]
+        lines.append(f"| {r['model']} | {r['problems']} ({r['train']}/{r['test']}) | {ours['mean_gap']:+.2f} / "
+                     f"{ours['mean_abs_gap']:.2f} / {ours['worst_gap']:+.2f} | {ridge['mean_gap']:+.2f} / "
+                     f"{ridge['mean_abs_gap']:.2f} / {ridge['worst_gap']:+.2f} | "
+                     f"{1e3 * r['probe_stage_s']['softmax']:.0f} vs {1e3 * r['probe_stage_s']['ridge']:.0f} ms "
+                     f"(**{r['time_ratio_softmax_vs_ridge']:.2f}×**) |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="demo checkpoint (default: train the demo model)")
@@ -106,12 +121,11 @@ def main() -> None:
     add_threads_argument(parser)
     args = parser.parse_args()
     threads = set_torch_threads(args.threads)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     images, labels = embedded_digits()
     held_x, held_y = images[DIGITS_TRAIN:], labels[DIGITS_TRAIN:]
     depth, size, epochs = (2, 32, 1) if args.tiny else (12, 224, args.epochs)
     if args.checkpoint:
-        model = load_checkpoint(args.checkpoint).build()
+        model = build_model(load_checkpoint(args.checkpoint))
     else:
         model, _ = make_digits_vit(0, depth=depth)
         train_classifier(model, images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN], epochs=epochs)
@@ -123,9 +137,11 @@ def main() -> None:
     x = F.interpolate(held_x[:args.vit_s_images], size=size, mode="bilinear").expand(-1, 3, -1, -1)
     results.append(compare(f"random-init ViT-S/16 (depth {depth}) at {size} px", block_features(vit_s, x),
                            held_y[:args.vit_s_images], args.repeats))
-    write_json(args.out, {"threads": threads, "load_1min": load, "torch": torch.__version__, "tiny": args.tiny,
-                          "results": results})
-    print(f"wrote {args.out} (torch threads {threads}, load {load})")
+    record = machine(threads)
+    record["load_1min_end"] = round(current_load(), 2)
+    write_json(args.out, {"machine": record, "tiny": args.tiny, "results": results, "markdown": markdown(results)})
+    print("\n".join(markdown(results)))
+    print(f"wrote {args.out} (torch threads {threads}, load {record['load_1min']} → {record['load_1min_end']})")
 
 
 if __name__ == "__main__":

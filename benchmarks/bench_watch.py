@@ -12,15 +12,20 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from machine import machine
 from prometheus_client import CollectorRegistry
 
 from isiwatch import Watch
 from isiwatch.data import DIGITS_TRAIN, embedded_digits
-from isiwatch.threads import add_threads_argument, set_torch_threads
+from isiwatch.files import write_json
+from isiwatch.threads import add_threads_argument, current_load, set_torch_threads
 from isiwatch.training import make_digits_vit
+
+RESULT = Path(__file__).parent / "results" / "watch" / "watch.json"
 
 
 def run(model, optimizer, x, y, steps, start_step, device, watch=None, batch=128):
@@ -47,12 +52,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="training steps per round and arm")
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--probe-images", type=int, default=256)
+    parser.add_argument("--out", type=Path, default=RESULT)
     add_threads_argument(parser)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model", default="digits", choices=["digits", "vit_base"],
                         help="digits: the demo ViT on 28×28 digits; vit_base: ViT-B/16 at 224 px (GPU)")
     args = parser.parse_args()
     threads = set_torch_threads(args.threads)
+    record = machine(threads, args.device)
     images, labels = embedded_digits()
     if args.model == "vit_base":
         import timm
@@ -85,10 +92,23 @@ def main() -> None:
     watch.close()
     plain, watched = sum(plain_times), sum(watched_times)
     step_time = statistics.median(plain_times) / args.steps
-    print(f"total: plain {plain:.2f} s, watched {watched:.2f} s, overhead {100 * (watched / plain - 1):+.2f} %")
-    print(f"samples: {len(samples)}, median probe pass + metrics {1e3 * statistics.median(samples):.1f} ms; "
+    overhead = 100 * (watched / plain - 1)
+    per_sample = 100 * statistics.median(samples) / (step_time * args.every)
+    print(f"total: plain {plain:.2f} s, watched {watched:.2f} s, overhead {overhead:+.2f} %")
+    print(f"samples: {len(samples)}, median probe pass + metrics + probes {1e3 * statistics.median(samples):.1f} ms; "
           f"{args.every} training steps take {1e3 * step_time * args.every:.0f} ms -> per-sample cost "
-          f"{100 * statistics.median(samples) / (step_time * args.every):.2f} % of training time")
+          f"{per_sample:.2f} % of training time")
+    record["load_1min_end"] = round(current_load(), 2)
+    sample_ms, steps_ms = 1e3 * statistics.median(samples), 1e3 * step_time * args.every
+    markdown = ["| model | rounds × steps per arm | plain | watched | overhead (total times) | median sample | "
+                f"{args.every} training steps | sample cost per {args.every} steps |",
+                "|---|---|---|---|---|---|---|---|",
+                f"| {args.model} | {args.rounds} × {args.steps} | {plain:.2f} s | {watched:.2f} s | "
+                f"{overhead:+.2f} % | {sample_ms:.0f} ms | {steps_ms:,.0f} ms | **{per_sample:.2f} %** |"]
+    write_json(args.out, {"machine": record, "args": {k: str(v) for k, v in vars(args).items()},
+                          "plain_s": plain_times, "watched_s": watched_times,
+                          "sample_s": samples, "step_s": step_time, "overhead_pct": overhead,
+                          "per_sample_pct": per_sample, "markdown": markdown})
 
 
 if __name__ == "__main__":

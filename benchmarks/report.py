@@ -282,8 +282,8 @@ def rendered(title: str, script: str, path: str, command: str) -> Callable[[Path
 
 
 def probe_gaps(bench: dict) -> dict[str, list[float]]:
-    """Per feature kind, |ridge − logistic regression| probe accuracy per block."""
-    return {kind: [abs(x - y) for x, y in zip(bench["probe_ridge"][kind], bench["probe_sklearn"][kind])]
+    """Per feature kind, |isiwatch − logistic regression| probe accuracy per block."""
+    return {kind: [abs(x - y) for x, y in zip(bench["probe_ours"][kind], bench["probe_sklearn"][kind])]
             for kind in ("cls", "patch_mean")}
 
 
@@ -300,18 +300,22 @@ def noise(pair: list | tuple) -> str:
 def analyze_cost(data: dict) -> list[str]:
     lines = ["## Offline analysis (`benchmarks/bench_analyze.py`)", "",
              f"Command: `python benchmarks/bench_analyze.py --repeats {data['args']['repeats']}`. Machine: "
-             f"{describe(data.get('machine'))}. Plain forward and `analyze` timed interleaved, medians.", "",
-             "| model, images | plain forward | `isiwatch.analyze` (all metrics + both probes) | naive (keep all, "
-             "sklearn) |", "|---|---|---|---|"]
+             f"{describe(data.get('machine'))}. Plain forward, `analyze` without labels (the probe pass and every "
+             "metric) and with labels (both probes too) timed interleaved, medians; the probe stage is the "
+             "difference.", "",
+             "| model, images | plain forward | `analyze`, no labels | `analyze` with probes | probe stage | naive "
+             "(keep all, sklearn) |", "|---|---|---|---|---|---|"]
     for b in data["benches"]:
         naive = f"{b['naive_ms']:,.0f} ms ({b['naive_ms'] / b['plain_ms']:.1f}×)" if "naive_ms" in b else "–"
         lines.append(f"| {b['name']}, {b['images']:,} images | {b['plain_ms']:,.0f} ms (1.00×) | "
-                     f"{b['analyze_ms']:,.0f} ms (**{b['analyze_ms'] / b['plain_ms']:.2f}×**) | {naive} |")
+                     f"{b['metrics_ms']:,.0f} ms (**{b['metrics_ms'] / b['plain_ms']:.2f}×**) | "
+                     f"{b['analyze_ms']:,.0f} ms ({b['analyze_ms'] / b['plain_ms']:.2f}×) | "
+                     f"{b['analyze_ms'] - b['metrics_ms']:,.0f} ms | {naive} |")
     for b in data["benches"]:
-        if "probe_ridge" in b:
-            lines += ["", f"Probe stage on {b['name']}: one batched ridge solve {b['probe_ridge_ms']:,.0f} ms "
+        if "probe_ours" in b:
+            lines += ["", f"Probes alone on {b['name']}: isiwatch's batched solve {b['probe_ours_ms']:,.0f} ms "
                       f"against {b['probe_sklearn_ms']:,.0f} ms of scikit-learn `LogisticRegression` fits "
-                      f"(**{b['probe_sklearn_ms'] / b['probe_ridge_ms']:.0f}× faster**). Accuracy, ridge vs "
+                      f"(**{b['probe_sklearn_ms'] / b['probe_ours_ms']:.0f}× faster**). Accuracy, isiwatch vs "
                       "logistic regression: " + "; ".join(
                           f"{kind} mean |diff| {100 * statistics.fmean(gaps):.1f} points (max {100 * max(gaps):.1f})"
                           for kind, gaps in probe_gaps(b).items())
@@ -325,6 +329,37 @@ def analyze_cost(data: dict) -> list[str]:
     return lines
 
 
+@needs("startup/startup.json", "Start-up (`benchmarks/bench_startup.py`)", "python benchmarks/bench_startup.py")
+def startup(data: dict) -> list[str]:
+    lines = ["## Start-up (`benchmarks/bench_startup.py`)", "",
+             f"Command: `python benchmarks/bench_startup.py --repeats {data['repeats']}`. Machine: "
+             f"{describe(data.get('machine'))}. Each command in a fresh interpreter, in rotation, medians.", "",
+             "| command | wall time |", "|---|---|"]
+    lines += [f"| `{name}` | {value:.2f} s |" for name, value in data["median_s"].items()]
+    lines += ["", f"`isiwatch --help` takes **{data['help_minus_bare_s']:.2f} s** more than a bare interpreter (goal "
+              f"≤ 1 s); `import isiwatch` **{data['import_isiwatch_minus_torch_s']:.2f} s** more than `import torch` "
+              "(goal ≤ 0.5 s).", ""]
+    return lines
+
+
+@needs("contention/contention.json", "Training under CPU contention (`benchmarks/bench_contention.py`)",
+       "python benchmarks/bench_contention.py")
+def contention(data: dict) -> list[str]:
+    idle, per_core, rule = data["idle"], data["busy_one_thread_per_core"], data["busy_rule"]
+    return ["## Training under CPU contention (`benchmarks/bench_contention.py`)", "",
+            f"Command: `python benchmarks/bench_contention.py --steps {data['steps']} --busy "
+            f"{data['busy_processes']}`. Machine: {describe(data.get('machine'))}. The demo ViT's training step "
+            f"(batch 128) alone, then next to {data['busy_processes']} process(es) keeping a core busy.", "",
+            "| setting | torch threads | step | slowdown |", "|---|---|---|---|",
+            f"| alone (isiwatch's rule) | {idle['threads']} | {1e3 * idle['step_s']:.0f} ms | 1.00× |",
+            f"| shared, one thread per core | {per_core['threads']} | {1e3 * per_core['step_s']:.0f} ms | "
+            f"{per_core['slowdown']:.2f}× |",
+            f"| shared, isiwatch's rule | {rule['threads']} | {1e3 * rule['step_s']:.0f} ms | "
+            f"**{rule['slowdown']:.2f}×** |", "",
+            f"Proportional degradation (the cores left to training) would be {data['proportional_slowdown']:.2f}×.",
+            ""]
+
+
 SECTIONS: list[Callable[[Path], list[str]]] = [
     depth_sweep,
     rule_scores,
@@ -333,6 +368,8 @@ SECTIONS: list[Callable[[Path], list[str]]] = [
     rendered("Probe stage vs logistic regression", "bench_probes.py", "probes/probes.json",
              "python benchmarks/bench_probes.py"),
     rendered("Monitor overhead", "bench_watch.py", "watch/watch.json", "python benchmarks/bench_watch.py"),
+    startup,
+    contention,
     rendered("GPU check", "gpu_check.py", "gpu/gpu_check.json", "python benchmarks/gpu_check.py --out "
              "benchmarks/results/gpu/gpu_check.json"),
     truncate_fixed,

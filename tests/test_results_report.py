@@ -37,9 +37,9 @@ def test_sections_render_the_figures_and_the_machine_of_their_json(tmp_path):
     machine = {"cpu": "Test CPU", "usable_cores": 2, "torch_threads": 1, "load_1min": 0.25, "load_1min_end": 0.5,
                "torch": "2.x", "python": "3.x", "device": "cpu"}
     layers = [{"index": i, "isi": 0.01 * (i + 1), "probe_cls": None} for i in range(3)]
-    bench = {"name": "demo", "images": 1000, "blocks": 3, "repeats": 5, "plain_ms": 200.0, "analyze_ms": 300.0,
-             "naive_ms": 4000.0, "probe_ridge_ms": 10.0, "probe_sklearn_ms": 480.0,
-             "probe_ridge": {"cls": [0.5, 0.6, 0.7], "patch_mean": [0.4, 0.5, 0.6]},
+    bench = {"name": "demo", "images": 1000, "blocks": 3, "repeats": 5, "plain_ms": 200.0, "metrics_ms": 280.0,
+             "analyze_ms": 300.0, "naive_ms": 4000.0, "probe_ours_ms": 10.0, "probe_sklearn_ms": 480.0,
+             "probe_ours": {"cls": [0.5, 0.6, 0.7], "patch_mean": [0.4, 0.5, 0.6]},
              "probe_sklearn": {"cls": [0.52, 0.6, 0.73], "patch_mean": [0.4, 0.5, 0.6]},
              "max_token_similarity_diff": 2e-6}
     (tmp_path / "analyze").mkdir()
@@ -50,7 +50,8 @@ def test_sections_render_the_figures_and_the_machine_of_their_json(tmp_path):
     (tmp_path / "watch" / "watch.json").write_text(json.dumps(watch))
     text = report.render(tmp_path)
     assert "Test CPU, 2 usable cores, 1 torch threads, load average 0.25 at the start, 0.5 at the end" in text
-    assert "300 ms (**1.50×**)" in text and "4,000 ms (20.0×)" in text and "**48× faster**" in text
+    assert "280 ms (**1.40×**)" in text and "300 ms (1.50×)" in text and "| 20 ms |" in text
+    assert "4,000 ms (20.0×)" in text and "**48× faster**" in text
     assert "cls mean |diff| 1.7 points (max 3.0)" in text
     assert "isi                  0.010 0.020 0.030" in text and "probe_cls            nan nan nan" in text
     assert "| overhead | 0.8 % |" in text
