@@ -195,9 +195,13 @@ def main() -> None:
     vit_s = timm.create_model("vit_small_patch16_224", pretrained=False).eval()
     _, small = bench("ViT-S/16 at 224 px (random init, timing only)", vit_s, torch.randn(32, 3, 224, 224),
                      torch.arange(32) % 4, max(2, args.repeats // 2), with_naive=False)
+    torch.manual_seed(0)
+    eva = timm.create_model("eva02_small_patch14_224", pretrained=False).eval()  # rotary q/k inside attention
+    _, eva_small = bench("EVA-02-S/14 at 224 px (random init, timing only)", eva, torch.randn(32, 3, 224, 224),
+                         torch.arange(32) % 4, max(2, args.repeats // 2), with_naive=False)
     record["load_1min_end"] = round(current_load(), 2)
     write_json(args.out, {"machine": record, "args": {k: str(v) for k, v in vars(args).items()},
-                          "benches": [demo, small], "analysis": analysis.to_dict()})
+                          "benches": [demo, small, eva_small], "analysis": analysis.to_dict()})
 
 
 if __name__ == "__main__":
