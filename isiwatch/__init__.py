@@ -10,7 +10,7 @@ import importlib
 import logging
 import sys
 import types
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -42,7 +42,7 @@ __all__ = ["METRICS", "Alert", "Analysis", "Phases", "TapError", "Watch", "__ver
            "detect_phases", "friction_alert", "specialize", "vit_parts"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """Import the submodule that defines ``name`` on first access and cache the value in this module."""
     module = _EXPORTS.get(name)
     if module is None:
@@ -60,7 +60,7 @@ class _Package(types.ModuleType):
     """The import system binds every loaded submodule as an attribute of its package; ``isiwatch.specialize`` is
     the function, not its submodule of the same name, however the two are imported."""
 
-    def __setattr__(self, name: str, value) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         if name in _EXPORTS and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -43,13 +44,13 @@ class Candidate:
     healed: float
     qualifies: bool
     healing_steps: int
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def keep(self) -> int:
         return len(self.kept)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "keep": self.keep, "kept_blocks": self.kept,
                 "validation_accuracy": {"cut": self.cut, "healed": self.healed}, "qualifies": self.qualifies,
                 "healing_steps": self.healing_steps, **self.extra}
@@ -79,7 +80,7 @@ class CutSearch:
         self.depth, self.reference, self.max_drop, self.budget = depth, reference, max_drop, budget
         self.blocks_for, self.heal_and_score = blocks_for, heal_and_score
         self.candidates: list[Candidate] = []
-        self.best_model = None  # the healed model of winner(): only one healed model is held at a time
+        self.best_model: object | None = None  # the healed model of winner(): only one healed model is held at a time
         self._bar = tqdm(total=budget, desc="candidates", disable=not progress, leave=False)
 
     def evaluate(self, strategy: str, kept: list[int]) -> Candidate:

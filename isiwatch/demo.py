@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
@@ -28,10 +29,14 @@ from .tables import analysis_table, phases_line, recommendation_text
 from .training import DIGITS_VIT_ARCH, accuracy, make_digits_vit, train_classifier
 from .truncate import candidates_table, report_table, truncate
 
+if TYPE_CHECKING:
+    from .alerts import Alert
+    from .exporters.prometheus import PrometheusExporter
+
 PROBE_IMAGES = 256
 
 
-def _serve(exporter, seconds: float, echo: Callable[[str], None]) -> None:
+def _serve(exporter: PrometheusExporter, seconds: float, echo: Callable[[str], None]) -> None:
     """Keep ``exporter``'s HTTP endpoint up for ``seconds`` (Ctrl-C ends it early), then close it."""
     echo(f"serving the run's last Prometheus metrics at http://127.0.0.1:{exporter.port}/metrics for {seconds:g} s "
          f"(Ctrl-C to stop)")
@@ -61,7 +66,7 @@ QUICK = DemoSettings(depth=8, epochs=2, every_n_steps=8, heal_epochs=1, cut_budg
 
 def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", config: str | Path | None = None,
              prometheus_port: int | None = 0, serve: float = 0, seed: int = 0,
-             echo: Callable[[str], None] = print) -> dict:
+             echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Train with Watch, analyse, truncate, report; returns a summary dict. ``config``: Watch options
     (isiwatch.yaml) that override the demo's defaults. ``serve``: seconds to keep the Prometheus endpoint up
     after the demo has finished (it then stays up from training on), so a scraping Prometheus sees open alert
@@ -80,7 +85,7 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
     options = {"every_n_steps": settings.every_n_steps, "log_dir": str(out), "run_name": "demo",
                "prometheus_port": prometheus_port, **(load_yaml(config).watch if config else {})}
 
-    def print_alert(alert) -> None:
+    def print_alert(alert: Alert) -> None:
         tqdm.write(f"  [{alert.severity}] step {alert.step}: {alert.kind}: {alert.message}")
 
     echo(f"training a {settings.depth}-block ViT (width {kwargs['embed_dim']}) on {len(train_x)} embedded MNIST "

@@ -20,6 +20,10 @@ import socket
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 _HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
 
@@ -86,7 +90,7 @@ class _Output(io.RawIOBase):
             os.close(self.fd)
         super().close()
 
-    def write(self, data) -> int:
+    def write(self, data: Buffer) -> int:
         view = memoryview(data).cast("B")
         size = view.nbytes
         try:
@@ -126,7 +130,7 @@ def atomic_write(path: str | Path) -> Iterator[io.BufferedWriter]:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale(path.parent, path.name)
         tmp, raw = _open_temp(path)
-        fh = io.BufferedWriter(raw, buffer_size=1 << 20)
+        fh: io.BufferedWriter = io.BufferedWriter(raw, buffer_size=1 << 20)
         try:
             yield fh
             fh.close()
@@ -188,7 +192,7 @@ def finite_or_none(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
-def write_json(path: str | Path, data) -> Path:
+def write_json(path: str | Path, data: object) -> Path:
     text = json.dumps(data, indent=2, allow_nan=False) + "\n"
     with atomic_write(path) as fh:
         fh.write(text.encode("utf-8"))

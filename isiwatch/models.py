@@ -8,6 +8,7 @@ It sits above :mod:`isiwatch.checkpoint` (reading and writing files, no model tr
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import timm
 import torch
@@ -65,7 +66,7 @@ def specialize_checkpoint(
     layer_scale: bool = False,
     fmt: str = "pt",
     prefer_ema: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """Specialise a checkpoint into ``out`` and report parameters and the conversion error.
 
     The error is measured on 8 seeded random inputs of the model's input shape; a conversion that changes
@@ -86,5 +87,7 @@ def specialize_checkpoint(
                          "nothing written")
     source = {"path": str(checkpoint), "sha256": ckpt.sha256}
     save_specialized(out, model, ckpt.arch, ckpt.model_kwargs, {**ckpt.metadata, "specialized_from": source}, fmt)
-    return {"out": str(out), "arch": ckpt.arch, "options": specialization(model).to_dict(),
+    options = specialization(model)
+    assert options is not None  # specialize() above made the model a specialised one
+    return {"out": str(out), "arch": ckpt.arch, "options": options.to_dict(),
             **parameter_overhead(model), "max_abs_diff": error}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .analysis import METRICS, Analysis, analyze
 from .checkpoint import load_checkpoint
@@ -15,7 +16,7 @@ from .plots import plot_curves
 from .pretrained_dir import load_pretrained_dir
 
 
-def analysis_record(analysis: Analysis) -> dict:
+def analysis_record(analysis: Analysis) -> dict[str, Any]:
     """The ``analysis.json`` content: :meth:`Analysis.to_dict` plus ``recommendation``, the depth
     :func:`~isiwatch.depth.recommend_depth` reads from the curves (``Analysis.from_dict`` ignores it)."""
     return {**analysis.to_dict(), "recommendation": recommend_depth(analysis).to_dict()}

@@ -4,6 +4,7 @@ one ``ValueError`` naming the field and leaves the object as it was."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 #: A field check: a predicate and what the value must be, for the message.
 Check = tuple[Callable[[object], bool], str]
@@ -32,7 +33,7 @@ NUMBER: Check = (is_number, "a number")
 SPAN: Check = (optional(is_span), "null or [start, end] with 0 <= start <= end")
 
 
-def checked(state: object, where: str, **checks: Check) -> dict:
+def checked(state: object, where: str, **checks: Check) -> dict[str, Any]:
     """The fields of ``state`` named in ``checks``, each validated; ``where`` names the state in the message."""
     if not isinstance(state, Mapping):
         raise ValueError(f"invalid {where}: expected a dict, got {type(state).__name__}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .analysis import Analysis
 
@@ -13,9 +14,9 @@ SHORT_NAMES = {"attn_token_change": "d", "attn_entropy": "h", "isi": "isi", "tok
                "probe_cls": "probe_cls", "probe_patch_mean": "probe_pm", "isi_recon": "isi_recon"}
 
 
-def format_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Right-aligned columns; floats with 3 decimals, NaN as '-'."""
-    def cell(v) -> str:
+    def cell(v: object) -> str:
         if isinstance(v, float):
             return "-" if not math.isfinite(v) else f"{v:.3f}"
         return str(v)
@@ -38,7 +39,7 @@ def phase_of(analysis: Analysis, index: int) -> str:
     return ""
 
 
-def analysis_rows(analysis: Analysis) -> tuple[list[str], list[list]]:
+def analysis_rows(analysis: Analysis) -> tuple[list[str], list[list[Any]]]:
     """Header and rows: one row per block (stem points first) with every metric and the block's phase."""
     metrics = list(analysis.layers)
     header = ["layer", *(SHORT_NAMES.get(m, m) for m in metrics), "phase"]
@@ -61,7 +62,7 @@ def phases_line(analysis: Analysis) -> str:
     return f"phases ({analysis.phase_metric}): " + ", ".join(parts)
 
 
-def recommendation_text(recommendation: Mapping) -> str:
+def recommendation_text(recommendation: Mapping[str, Any]) -> str:
     """A depth recommendation (``DepthRecommendation.to_dict()``, as analysis.json stores it) in words:
     ``9 of 24 blocks (signal probe_knee; drop blocks 9, 10, ...)``."""
     dropped = recommendation["blocks_to_drop"]

@@ -3,6 +3,8 @@ uncut, cut and healed models) and how it reads as terminal tables. The HTML run 
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 from .checkpoint import Checkpoint
@@ -12,7 +14,7 @@ from .tables import format_table
 
 
 def measure(ckpt: Checkpoint, uncut: nn.Module, model: nn.Module, images: Tensor, labels: Tensor,
-            reference: Tensor, before: Tensor, after: Tensor) -> dict:
+            reference: Tensor, before: Tensor, after: Tensor) -> dict[str, Any]:
     """Costs (parameters, FLOPs per image, median latency of a batch) and held-out accuracies."""
     batch = images[:64].to(next(uncut.parameters()).device)
     latency = measure_latency({"uncut": uncut, "truncated": model}, batch)
@@ -27,7 +29,7 @@ def measure(ckpt: Checkpoint, uncut: nn.Module, model: nn.Module, images: Tensor
                                                                                      ("healed", after))}}
 
 
-def report_rows(report: dict) -> tuple[list[str], list[list]]:
+def report_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     """Before/after header and rows: blocks, parameters, FLOPs, latency, held-out accuracy, agreement."""
     cost, acc, agree = report["cost"], report["accuracy"], report["agreement"]
     header = ["model", "blocks", "params", "MFLOPs/img", f"latency ms/{report['latency_batch']}", "accuracy",
@@ -40,7 +42,7 @@ def report_rows(report: dict) -> tuple[list[str], list[list]]:
     return header, rows
 
 
-def candidates_table(report: dict) -> str:
+def candidates_table(report: dict[str, Any]) -> str:
     """Every cut ``auto`` tried, with validation accuracies, costs and the winner marked."""
     search = report["search"]
     header = ["strategy", "blocks", "kept", "val cut", "val healed", "params", "MFLOPs/img",
@@ -53,7 +55,7 @@ def candidates_table(report: dict) -> str:
             f"{points}\n{format_table(header, rows)}")
 
 
-def report_table(report: dict) -> str:
+def report_table(report: dict[str, Any]) -> str:
     """The before/after table as text, with the kept blocks and the strategy."""
     kept = ", ".join(map(str, report["kept_blocks"]))
     return f"{format_table(*report_rows(report))}\nkept blocks {kept} ({report['strategy']})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, TextIO
 
 from ..alerts import Alert
 from ..sample import Sample
@@ -20,7 +21,7 @@ class JsonlExporter:
         self._alerts = open(self.dir / "alerts.jsonl", "a", encoding="utf-8")
 
     @staticmethod
-    def _write(fh, record: dict) -> None:
+    def _write(fh: TextIO, record: dict[str, Any]) -> None:
         fh.write(json.dumps(record, allow_nan=False) + "\n")
         fh.flush()
 
