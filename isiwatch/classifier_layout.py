@@ -10,6 +10,8 @@ registered after it (timm: ``norm``, ``fc_norm``, ``head``…; CaiT: ``blocks_to
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 from .taps import vit_parts
@@ -18,6 +20,7 @@ from .taps import vit_parts
 def block_path(model: nn.Module) -> str:
     """Dotted path of the container that holds the droppable blocks (timm: ``blocks``)."""
     first = vit_parts(model).blocks[0].block
+    path: str  # torch leaves named_modules() unannotated
     for path, module in model.named_modules():
         if path and isinstance(module, (nn.Sequential, nn.ModuleList)) and len(module) and module[0] is first:
             return path
@@ -26,7 +29,9 @@ def block_path(model: nn.Module) -> str:
 
 def block_list(model: nn.Module) -> nn.Sequential | nn.ModuleList:
     """The container of the blocks truncation may drop."""
-    return model.get_submodule(block_path(model))
+    blocks = model.get_submodule(block_path(model))
+    assert isinstance(blocks, (nn.Sequential, nn.ModuleList))  # block_path found it as one
+    return blocks
 
 
 def with_blocks(model: nn.Module, path: str, blocks: list[nn.Module]) -> None:
@@ -61,13 +66,15 @@ def num_classes(model: nn.Module) -> int:
     """Classes the model predicts: timm's ``num_classes``; a transformers model with a ``classifier`` its
     ``num_labels``; 0 for a model without a classification head."""
     if hasattr(model, "num_classes"):
-        return int(model.num_classes)
+        classes: Any = model.num_classes  # timm: an int attribute
+        return int(classes)
     config = getattr(model, "config", None)
     if isinstance(getattr(model, "classifier", None), nn.Module) and config is not None:
         return int(config.num_labels)
     return 0
 
 
-def logits(output) -> Tensor:
+def logits(output: Any) -> Tensor:
     """The logits of a model output: a tensor (timm) or an output object with ``.logits`` (transformers)."""
-    return output if isinstance(output, Tensor) else output.logits
+    result: Tensor = output if isinstance(output, Tensor) else output.logits
+    return result

@@ -3,8 +3,10 @@ and ImageFolder trees, resized to what a model expects."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +37,7 @@ class Normalization:
     source: str
     interpolation: str = "bilinear"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"mean": list(self.mean), "std": list(self.std), "source": self.source,
                 "interpolation": self.interpolation}
 
@@ -43,7 +45,7 @@ class Normalization:
 MNIST_NORMALIZATION = Normalization((MNIST_MEAN,), (MNIST_STD,), "mnist")
 
 
-def per_channel(values, in_chans: int, name: str) -> tuple[float, ...]:
+def per_channel(values: Iterable[float], in_chans: int, name: str) -> tuple[float, ...]:
     """``values`` for each of ``in_chans`` channels: one value is repeated (as timm does), else the counts
     must agree."""
     values = tuple(float(v) for v in values)
@@ -98,7 +100,8 @@ def fit_to_model(images: Tensor, img_size: int | tuple[int, int], in_chans: int)
 
 
 def image_folder(root: str | Path, img_size: int | tuple[int, int], in_chans: int,
-                 mean, std, limit: int | None = None, interpolation: str = "bilinear") -> tuple[Tensor, Tensor]:
+                 mean: Sequence[float], std: Sequence[float], limit: int | None = None,
+                 interpolation: str = "bilinear") -> tuple[Tensor, Tensor]:
     """Images of an ImageFolder tree (one sub-folder per class), resized (with ``interpolation``) and normalised;
     with ``limit``, a fixed random subset of that many."""
     from torchvision import datasets, transforms

@@ -3,6 +3,8 @@ digits or an ImageFolder) fitted to its input size and channels and normalised t
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 from .data import (
@@ -28,7 +30,7 @@ def model_input(model: nn.Module) -> tuple[tuple[int, int], int]:
     if embeds is not None and hasattr(embeds, "pos_embed_grid_size"):
         (gh, gw), (ph, pw) = embeds.pos_embed_grid_size, embeds.patch_size
         return (gh * ph, gw * pw), embeds.in_chans
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)  # a transformers config
     config = getattr(config, "vision_config", config)  # CLIP/SigLIP classifiers: the vision tower's config
     if isinstance(getattr(config, "image_size", None), (int, list, tuple)):
         size = config.image_size
@@ -36,7 +38,7 @@ def model_input(model: nn.Module) -> tuple[tuple[int, int], int]:
     raise DataError(f"cannot tell the input size of {type(model).__name__}")
 
 
-def resolve_normalization(model: nn.Module, data: str, data_config: dict | None = None,
+def resolve_normalization(model: nn.Module, data: str, data_config: dict[str, Any] | None = None,
                           mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None
                           ) -> Normalization:
     """How images for ``model`` are normalised: ``mean``/``std`` given by the user; else MNIST statistics for
@@ -45,10 +47,10 @@ def resolve_normalization(model: nn.Module, data: str, data_config: dict | None 
     MNIST statistics (other channel counts)."""
     _, in_chans = model_input(model)
     config = data_config or {}
-    interpolation = config.get("interpolation") if config.get("interpolation") in INTERPOLATIONS else "bilinear"
+    interpolation = config["interpolation"] if config.get("interpolation") in INTERPOLATIONS else "bilinear"
     if (mean is None) != (std is None):
         raise DataError("--mean and --std go together: give both or neither")
-    if mean is not None:
+    if mean is not None and std is not None:  # both or neither, checked above
         return Normalization(per_channel(mean, in_chans, "--mean"), per_channel(std, in_chans, "--std"),
                              "--mean/--std", interpolation)
     if data == "mnist":

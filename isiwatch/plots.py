@@ -5,14 +5,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from .analysis import Analysis
 from .files import atomic_write
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 PHASE_COLOURS = {"cliff": "#f4a582", "plateau": "#92c5de", "climb": "#a6dba0"}
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -21,7 +26,7 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: str | Path) -> Path:
+def _save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     try:
         with atomic_write(path) as fh:
@@ -63,7 +68,7 @@ def plot_curves(analysis: Analysis, path: str | Path, metrics: list[str] | None 
     return _save(fig, path)
 
 
-def heatmap_figure(steps: Sequence[int], grids: dict[str, Sequence[Sequence[float]]]):
+def heatmap_figure(steps: Sequence[int], grids: dict[str, Sequence[Sequence[float]]]) -> Figure:
     """Depth × training-step heat-maps as a matplotlib figure, one panel per metric; ``grids[metric]`` is
     (samples, depth). Block 0 at the bottom, colour scaled to each metric's range, NaN left blank. The run report
     saves it (:func:`plot_heatmaps`) and the TensorBoard exporter logs it (``SummaryWriter.add_figure``)."""

@@ -14,6 +14,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,7 +35,7 @@ def directory_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _data_config(path: Path) -> dict:
+def _data_config(path: Path) -> dict[str, Any]:
     file = path / "preprocessor_config.json"
     if not file.is_file():
         return {}
@@ -53,15 +54,15 @@ def _quiet_loading() -> Iterator[None]:
     from transformers.utils import logging as hf_logging
 
     enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves it untyped
     try:
         yield
     finally:
         if enabled:
-            hf_logging.enable_progress_bar()
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # same
 
 
-def load_pretrained_dir(path: str | Path) -> tuple[nn.Module, dict, dict]:
+def load_pretrained_dir(path: str | Path) -> tuple[nn.Module, dict[str, Any], dict[str, Any]]:
     """(model in eval mode, data config, model info) of a ``save_pretrained`` directory."""
     import transformers
 
@@ -86,18 +87,19 @@ def load_pretrained_dir(path: str | Path) -> tuple[nn.Module, dict, dict]:
     return model.eval(), _data_config(path), info
 
 
-def save_pretrained_dir(model: nn.Module, out: str | Path, metadata: dict) -> Path:
+def save_pretrained_dir(model: nn.Module, out: str | Path, metadata: dict[str, Any]) -> Path:
     """Write ``model.save_pretrained`` (safetensors) and :data:`METADATA_FILE` to the new directory ``out``: into a
     hidden sibling first, checked to reload into the model's own class with equal weights, then renamed into
     place, so a failure leaves nothing behind."""
+    hf_model: Any = model  # a transformers PreTrainedModel
     out = Path(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         with _quiet_loading():
-            model.save_pretrained(tmp, safe_serialization=True)
+            hf_model.save_pretrained(tmp, safe_serialization=True)
             (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=1) + "\n")
-            reloaded = type(model).from_pretrained(tmp, local_files_only=True).state_dict()
+            reloaded = type(hf_model).from_pretrained(tmp, local_files_only=True).state_dict()
         saved = model.state_dict()
         if saved.keys() != reloaded.keys() or any(not torch.equal(saved[k].cpu(), reloaded[k]) for k in saved):
             raise CheckpointError(f"{out}: the written model does not reload into {type(model).__name__}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import timm
 import torch
@@ -18,7 +19,7 @@ DIGITS_VIT_KWARGS = {"img_size": 28, "patch_size": 7, "in_chans": 1, "num_classe
 DIGITS_VIT_ARCH = "vit_tiny_patch16_224"
 
 
-def make_digits_vit(seed: int = 0, **overrides) -> tuple[nn.Module, dict]:
+def make_digits_vit(seed: int = 0, **overrides: Any) -> tuple[nn.Module, dict[str, Any]]:
     """A freshly initialised timm ViT for the embedded digits and the kwargs that rebuild it."""
     kwargs = {**DIGITS_VIT_KWARGS, **overrides}
     torch.manual_seed(seed)
@@ -74,6 +75,7 @@ def train_classifier(
     steps_per_epoch = (len(images) + batch_size - 1) // batch_size
     total = epochs * steps_per_epoch if max_steps is None else min(epochs * steps_per_epoch, max_steps)
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    scheduler: torch.optim.lr_scheduler.LRScheduler
     if schedule == "onecycle":
         scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(total, 1))
     elif schedule == "cosine":
@@ -99,7 +101,7 @@ def train_classifier(
                         loss = loss + F.kl_div(out.log_softmax(-1), target, log_target=True,
                                                reduction="batchmean")
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward untyped
                 optimizer.step()
                 scheduler.step()
                 step += 1
