@@ -39,7 +39,9 @@ def test_resumed_watch_keeps_the_saved_run_name_everywhere(digits, tmp_path):  #
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["run"], r["step"]) for r in records] == [(first.run, 2), (first.run, 4), (first.run, 6)]
     alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
-    assert [(a["kind"], a["run"]) for a in alerts] == [("norm_friction_high", first.run)]  # not raised again
+    assert {a["run"] for a in alerts} == {first.run}
+    friction = [a["step"] for a in alerts if a["kind"] == "norm_friction_high"]
+    assert friction == [2]  # opened before the resume, not raised again after it (other rules may fire on 32 images)
     assert run_labels(registry) == {first.run}
     assert second.alerts.opened["norm_friction_high"].run == first.run
 
