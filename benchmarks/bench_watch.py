@@ -4,7 +4,7 @@ Trains the demo ViT (depth 12, width 64, batch 128) on the embedded digits in in
 (plain, watched, plain, watched, ...) so that machine noise hits both alike; reports total wall times,
 the overhead ratio, and the per-sample probe cost against the cost of 100 training steps.
 
-    python benchmarks/bench_watch.py [--rounds 3] [--steps 300] [--device cpu|cuda]
+    python benchmarks/bench_watch.py [--rounds 3] [--steps 200] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def run(model, optimizer, x, y, steps, start_step, device, watch=None, batch=128
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=300, help="training steps per round and arm")
+    parser.add_argument("--steps", type=int, default=200, help="training steps per round and arm")
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--probe-images", type=int, default=256)
     parser.add_argument("--out", type=Path, default=RESULT)
