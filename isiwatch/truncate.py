@@ -129,10 +129,10 @@ def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
     path = block_path(model)
     source = model.get_submodule(path)
     moved = [i for position, i in enumerate(kept) if i != position]
-    if moved and hasattr(source[0], "lambda_init"):
+    fixed = vit_parts(model).fixed_block_positions
+    if moved and fixed:
         raise ValueError(f"cannot move {type(source[0]).__name__} {moved[0]} to position {kept.index(moved[0])}: "
-                         "its differential-attention λ_init depends on the block's index, so such a cut does not "
-                         "rebuild with timm; keep the first blocks (--strategy tail)")
+                         f"{fixed}, so such a cut does not rebuild with timm; keep the first blocks (--strategy tail)")
     cut = copy.deepcopy(model, {id(source): type(source)()})  # the blocks are not copied here…
     with_blocks(cut, path, [copy.deepcopy(source[i]) for i in kept])  # …only the kept ones, here
     return cut

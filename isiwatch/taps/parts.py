@@ -74,7 +74,8 @@ class ViTParts:
     ``patch_embed``: module whose output is the patch embedding E before positional encoding (None when the
     model has none); ``embed_tokens`` turns that output into (B,N,D) tokens; ``num_prefix_tokens`` / ``has_cls``
     describe the model's token sequence (the blocks may see fewer, see :class:`BlockParts`);
-    ``droppable_blocks``: how many leading blocks truncation may drop (None: all; CaiT: its self-attention blocks).
+    ``droppable_blocks``: how many leading blocks truncation may drop (None: all; CaiT: its self-attention blocks);
+    ``fixed_block_positions``: why a block cannot move to another index when others are dropped (None: it can).
     """
 
     family: str
@@ -82,8 +83,9 @@ class ViTParts:
     patch_embed: nn.Module | None
     num_prefix_tokens: int
     has_cls: bool
-    embed_tokens: Callable[[Any], Tensor] = field(default=lambda out: tokens_last(first_output(out)))
+    embed_tokens: Callable[[Any], Tensor] = field(default=lambda out: embedded_tokens(out))
     droppable_blocks: int | None = None
+    fixed_block_positions: str | None = None
 
     @property
     def depth(self) -> int:
@@ -97,6 +99,11 @@ class ViTParts:
 def all_blocks(blocks: list[BlockParts | None]) -> TypeGuard[list[BlockParts]]:
     """Whether the adapter described every block (None marks a block it does not know)."""
     return not any(b is None for b in blocks)
+
+
+def embedded_tokens(output: Any) -> Tensor:
+    """(B,N,D) tokens from a patch embedding's output: a tuple's first tensor, channels-last grids flattened."""
+    return tokens_last(first_output(output))
 
 
 def tokens_last(e: Tensor) -> Tensor:

@@ -9,6 +9,8 @@ X is a block's input and Z its output. Y = X + the attention's share of the resi
 - ``ParallelScalingBlock`` / ``DiffParallelScalingBlock``: attention and MLP read the same ``in_norm(X)`` and
   are added at once; Y = X + ``ls`` of the attention half of the output projection (the projection bias
   counts as MLP). Differential attention's two softmax maps both count as heads.
+Differential attention's λ_init is a function of the block's index, so those blocks cannot move to another index
+when a cut drops earlier ones (``fixed_block_positions``).
 The relative position bias of the relpos ViTs is the mask torch's attention receives, so it is in the scores.
 """
 
@@ -28,6 +30,7 @@ from .parts import (
     branch_output,
     channels_first_tokens,
     defined_in,
+    embedded_tokens,
     first_output,
 )
 
@@ -80,23 +83,23 @@ def parts(model: nn.Module) -> ViTParts | None:
     if not defined_in(model, "timm"):
         return None
     from timm.models.naflexvit import NaFlexVit
-    from timm.models.vision_transformer import VisionTransformer
+    from timm.models.vision_transformer import DiffParallelScalingBlock, VisionTransformer
     from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 
     embed: nn.Module
-    embed_tokens: Callable[[Any], Tensor] | None
+    embed_tokens: Callable[[Any], Tensor]
     if isinstance(model, NaFlexVit):
         embed, has_cls = model.embeds.proj, model.embeds.cls_token is not None
         embed_tokens = channels_first_tokens if isinstance(embed, nn.Conv2d) else first_output
     elif isinstance(model, (VisionTransformer, VisionTransformerRelPos)):
-        embed, has_cls, embed_tokens = model.patch_embed, model.cls_token is not None, None
+        embed, has_cls, embed_tokens = model.patch_embed, model.cls_token is not None, embedded_tokens
     else:
         return None
     p = model.num_prefix_tokens
     blocks = [block_parts(b, p, has_cls) for b in model.blocks]
     if not all_blocks(blocks):
         return None
-    if embed_tokens is None:
-        return ViTParts("timm", blocks, embed, p, has_cls)
-    return ViTParts("timm", blocks, embed, p, has_cls, embed_tokens)
+    fixed = ("its differential-attention λ_init depends on the block's index"
+             if any(isinstance(b, DiffParallelScalingBlock) for b in model.blocks) else None)
+    return ViTParts("timm", blocks, embed, p, has_cls, embed_tokens, fixed_block_positions=fixed)
 
