@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .taps import AttentionScores, BlockTensors
@@ -31,11 +30,6 @@ def isi(token_change: float, entropy: float) -> float:
 EPS = 1e-12
 
 
-def unit(t: Tensor) -> Tensor:
-    """Tokens scaled to unit L2 norm (zero tokens stay zero)."""
-    return F.normalize(t, dim=-1)
-
-
 def _dot(a: Tensor, b: Tensor) -> Tensor:
     dots: Tensor = torch.linalg.vecdot(a, b)
     return dots
@@ -44,11 +38,6 @@ def _dot(a: Tensor, b: Tensor) -> Tensor:
 def _norm(squared: Tensor) -> Tensor:
     """max(‖t‖, EPS) from ‖t‖², as ``F.normalize`` divides by it."""
     return squared.sqrt().clamp_min(EPS)
-
-
-def attn_token_change(x: Tensor, y: Tensor) -> Tensor:
-    """d = mean over tokens of 1 − cos(X, Y): how much the attention sub-layer rotates each token."""
-    return 1.0 - _dot(unit(x), unit(y)).mean(-1)
 
 
 #: Attention scores handled per chunk of images (elements), so the softmax passes stay in cache.

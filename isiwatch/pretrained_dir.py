@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, sha256_of
 from .files import WriteError
 
 #: Provenance record written next to a truncated model's config.json.
@@ -27,12 +27,10 @@ METADATA_FILE = "isiwatch.json"
 
 
 def directory_sha256(path: Path) -> str:
-    """One digest over the directory's config and weight files, in name order."""
-    digest = hashlib.sha256()
-    for file in sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors") and p.is_file()):
-        digest.update(file.name.encode())
-        digest.update(file.read_bytes())
-    return digest.hexdigest()
+    """One digest over the directory's config and weight files: the sha256 of each (:func:`sha256_of`, streamed)
+    with its name, in name order."""
+    files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors") and p.is_file())
+    return hashlib.sha256("".join(f"{f.name}:{sha256_of(f)}\n" for f in files).encode()).hexdigest()
 
 
 def _data_config(path: Path) -> dict[str, Any]:

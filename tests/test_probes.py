@@ -1,6 +1,12 @@
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_probes import sklearn_accuracy  # noqa: E402  (the reference the benchmark scores against)
 
 from isiwatch.probes import probe_accuracy, split_indices
 from isiwatch.ridge import fit_ridge, neg_mse_score
@@ -78,17 +84,6 @@ def digits_features():
         h.remove()
     feats = torch.stack([z[:, 0] for z in outputs] + [z[:, 1:].mean(1) for z in outputs])
     return feats, labels[DIGITS_TRAIN:]
-
-
-def sklearn_accuracy(features, labels, train, test):
-    from sklearn.linear_model import LogisticRegression
-
-    out = []
-    for f in features.numpy():
-        mu, sd = f[train].mean(0), f[train].std(0) + 1e-6
-        clf = LogisticRegression(max_iter=2000).fit((f[train] - mu) / sd, labels[train].numpy())
-        out.append(clf.score((f[test] - mu) / sd, labels[test].numpy()))
-    return np.array(out)
 
 
 def test_probes_are_as_accurate_as_logistic_regression(digits_features):

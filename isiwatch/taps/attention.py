@@ -52,8 +52,9 @@ class AttentionScores:
 
     @property
     def masked(self) -> bool:
-        """Whether some scores may be −inf (a mask or causal bias is present)."""
-        return self.bias is not None or (self.logits is not None and bool(torch.isinf(self.logits).any()))
+        """Whether some scores may be −inf: a mask or causal bias is present, or the model formed the scores itself
+        (its own mask may be in them). Read from the structure, not the values: no host–device sync per block."""
+        return self.bias is not None or self.logits is not None
 
     def scores(self, start: int, stop: int) -> Tensor:
         """Scores of images [start, stop), (b,H,Tq,Tk) fp32."""

@@ -42,11 +42,6 @@ class BlockTensors:
     p: int
     has_cls: bool
 
-    @property
-    def y(self) -> Tensor:
-        """Y = X + the attention branch."""
-        return self.x + self.branch
-
 
 class Tap:
     """Runs one probe pass and streams per-block tensors to consumers.
