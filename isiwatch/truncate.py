@@ -243,6 +243,9 @@ def load_split(model: nn.Module, data: str, eval_data: str | None = None,
         if len(eval_x) < 2:
             raise DataError(f"{eval_source}: need at least 2 images to validate and test, found {len(eval_x)}")
     classes = num_classes(model)
+    if classes == 0:
+        raise DataError(f"{type(model).__name__} has no classification head to heal and score a cut with "
+                        "(use a classifier, e.g. ViTForImageClassification)")
     for source, y in ((heal_source, heal_y), (eval_source or data, eval_y)):
         if int(y.max()) >= classes:
             raise DataError(f"{source}: {int(y.max()) + 1} classes but the model's head has {classes} outputs")

@@ -70,6 +70,14 @@ def test_analyze_a_save_pretrained_directory(family, tmp_path):
     assert len(analysis["layers"]) == vit_parts(model).depth
 
 
+def test_truncating_a_model_without_a_classification_head_is_refused_in_one_line(tmp_path):
+    make_hf("hf_vit").save_pretrained(tmp_path / "hf")
+    result = CliRunner().invoke(main, ["truncate", str(tmp_path / "hf"), "--out", str(tmp_path / "cut"), "--keep", "1"])
+    assert result.exit_code == 1 and not (tmp_path / "cut").exists()
+    assert result.output.strip() == ("Error: ViTModel has no classification head to heal and score a cut with (use a "
+                                     "classifier, e.g. ViTForImageClassification)")
+
+
 def test_a_directory_without_config_is_refused_in_one_line(tmp_path):
     result = CliRunner().invoke(main, ["analyze", str(tmp_path)])
     assert result.exit_code != 0
