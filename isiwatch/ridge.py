@@ -58,8 +58,9 @@ def _spectrum(xs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     s = torch.where(keep, s2.clamp_min(0).sqrt(), 0).to(xs.dtype)
     inv = torch.where(keep, 1 / s.clamp_min(1e-30), 0)
     vecs = vecs.to(xs.dtype)
-    if primal:
-        return (xs @ vecs) * inv.unsqueeze(1), s, vecs * keep.unsqueeze(1)
+    if primal:  # U formed as Uᵀ (r,n) and returned as its transposed view: the product with n columns is faster
+        u_t = (vecs.transpose(1, 2) @ xs.transpose(1, 2)) * inv.unsqueeze(-1)
+        return u_t.transpose(1, 2), s, vecs * keep.unsqueeze(1)
     return vecs * keep.unsqueeze(1), s, (xs.transpose(1, 2) @ vecs) * inv.unsqueeze(1)
 
 
