@@ -2,7 +2,9 @@
 
 Trains the demo ViT (depth 12, width 64, batch 128) on the embedded digits in interleaved rounds
 (plain, watched, plain, watched, ...) so that machine noise hits both alike; reports total wall times,
-the overhead ratio, and the per-sample probe cost against the cost of 100 training steps.
+the overhead ratio, and the per-sample probe cost against the cost of 100 training steps. After each round it
+also times one plain eval forward of the probe batch (no hooks, no metrics, no probes): the floor any probe pass
+costs, reported in the same units.
 
     python benchmarks/bench_watch.py [--rounds 3] [--steps 200] [--device cpu|cuda]
 """
@@ -46,6 +48,24 @@ def run(model, optimizer, x, y, steps, start_step, device, watch=None, batch=128
     return time.perf_counter() - begin
 
 
+@torch.no_grad()
+def plain_forward_s(model, images, device, repeats=3):
+    """Median wall time of one eval-mode forward of ``images`` without hooks; the model's mode is restored."""
+    was_training = model.training
+    model.eval()
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        model(images)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    model.train(was_training)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -79,13 +99,15 @@ def main() -> None:
                   registry=CollectorRegistry(), run_name="bench")
     print(f"device {args.device}, torch {torch.__version__}, {threads} threads, model {args.model}, "
           f"every_n_steps={args.every}, {args.probe_images} probe images")
-    plain_times, watched_times = [], []
+    plain_times, watched_times, forward_times = [], [], []
+    probe_on_device = probe_x.to(args.device)
     step = 1
     run(plain_model, opts[0], x, y, 5, 10_000, args.device, batch=batch)  # warm-up
     run(watched_model, opts[1], x, y, 5, 10_000, args.device, batch=batch)
     for r in range(args.rounds):
         plain_times.append(run(plain_model, opts[0], x, y, args.steps, step, args.device, batch=batch))
         watched_times.append(run(watched_model, opts[1], x, y, args.steps, step, args.device, watch, batch))
+        forward_times.append(plain_forward_s(plain_model, probe_on_device, args.device))
         step += args.steps
         print(f"round {r + 1}: plain {plain_times[-1]:.2f} s, watched {watched_times[-1]:.2f} s")
     samples = [s.duration_s for s in watch.history]
@@ -94,21 +116,27 @@ def main() -> None:
     step_time = statistics.median(plain_times) / args.steps
     overhead = 100 * (watched / plain - 1)
     per_sample = 100 * statistics.median(samples) / (step_time * args.every)
+    floor = 100 * statistics.median(forward_times) / (step_time * args.every)
     print(f"total: plain {plain:.2f} s, watched {watched:.2f} s, overhead {overhead:+.2f} %")
     print(f"samples: {len(samples)}, median probe pass + metrics + probes {1e3 * statistics.median(samples):.1f} ms; "
           f"{args.every} training steps take {1e3 * step_time * args.every:.0f} ms -> per-sample cost "
-          f"{per_sample:.2f} % of training time")
+          f"{per_sample:.2f} % of training time; one plain forward of the probe batch "
+          f"{1e3 * statistics.median(forward_times):.1f} ms = {floor:.2f} %")
     record["load_1min_end"] = round(current_load(), 2)
     sample_ms, steps_ms = 1e3 * statistics.median(samples), 1e3 * step_time * args.every
+    forward_ms = 1e3 * statistics.median(forward_times)
     markdown = ["| model | rounds × steps per arm | plain | watched | overhead (total times) | median sample | "
-                f"{args.every} training steps | sample cost per {args.every} steps |",
-                "|---|---|---|---|---|---|---|---|",
+                f"{args.every} training steps | sample cost per {args.every} steps | plain forward of the probe batch "
+                "(the floor) |",
+                "|---|---|---|---|---|---|---|---|---|",
                 f"| {args.model} | {args.rounds} × {args.steps} | {plain:.2f} s | {watched:.2f} s | "
-                f"{overhead:+.2f} % | {sample_ms:.0f} ms | {steps_ms:,.0f} ms | **{per_sample:.2f} %** |"]
+                f"{overhead:+.2f} % | {sample_ms:.0f} ms | {steps_ms:,.0f} ms | **{per_sample:.2f} %** | "
+                f"{forward_ms:.0f} ms = {floor:.2f} % |"]
     write_json(args.out, {"machine": record, "args": {k: str(v) for k, v in vars(args).items()},
                           "plain_s": plain_times, "watched_s": watched_times,
                           "sample_s": samples, "step_s": step_time, "overhead_pct": overhead,
-                          "per_sample_pct": per_sample, "markdown": markdown})
+                          "per_sample_pct": per_sample, "probe_forward_s": forward_times, "floor_pct": floor,
+                          "markdown": markdown})
 
 
 if __name__ == "__main__":
