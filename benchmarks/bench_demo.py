@@ -18,7 +18,7 @@ RESULT = Path(__file__).parent / "results" / "demo" / "demo.json"
 
 
 def main() -> None:
-    record = machine(threads=0)
+    record = machine(threads=None)
     seconds = {}
     for name, extra in (("demo --quick", ["--quick"]), ("demo", [])):
         out = Path(tempfile.mkdtemp())

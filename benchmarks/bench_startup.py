@@ -46,7 +46,7 @@ def main() -> None:
     result = {"repeats": args.repeats, "median_s": median,
               "help_minus_bare_s": median["isiwatch --help"] - median["bare interpreter"],
               "import_isiwatch_minus_torch_s": median["import isiwatch + Watch"] - median["import torch"],
-              "machine": machine(threads=0)}
+              "machine": machine(threads=None)}
     for name, value in median.items():
         print(f"{name:26s} {value:.3f} s")
     print(f"--help − bare interpreter: {result['help_minus_bare_s']:.3f} s (goal ≤ 1 s); "

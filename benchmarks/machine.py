@@ -24,8 +24,9 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine(threads: int, device: str = "cpu") -> dict:
-    """The CPU, usable cores, torch threads, the 1-minute load average now, versions and the accelerator."""
+def machine(threads: int | None, device: str = "cpu") -> dict:
+    """The CPU, usable cores, torch threads (None: each timed child process chooses its own), the 1-minute load
+    average now, versions and the accelerator."""
     return {"cpu": cpu_model(), "usable_cores": usable_cpus(), "torch_threads": threads,
             "load_1min": round(current_load(), 2), "torch": torch.__version__, "python": platform.python_version(),
             "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
@@ -39,5 +40,8 @@ def describe(record: dict | None) -> str:
     load_text = f"load average {record['load_1min']}"
     if load is not None:
         load_text += f" at the start, {load} at the end"
-    return (f"{record['cpu']}, {record['usable_cores']} usable cores, {record['torch_threads']} torch threads, "
+    threads = record["torch_threads"]
+    # 0 is how runs before the None convention recorded "chosen per child process"
+    threads_text = "torch threads chosen in each timed process" if not threads else f"{threads} torch threads"
+    return (f"{record['cpu']}, {record['usable_cores']} usable cores, {threads_text}, "
             f"{load_text}, torch {record['torch']}, device {record['device']}")
