@@ -15,8 +15,10 @@ import json
 import math
 import re
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -44,15 +46,15 @@ class Checkpoint:
 
     path: Path
     arch: str
-    model_kwargs: dict
+    model_kwargs: dict[str, Any]
     state_dict: dict[str, Tensor]
     sha256: str
-    metadata: dict = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
     #: Which weights were read: "ema" (``state_dict_ema``) or "state_dict" (any other state dict).
     weights: str = "state_dict"
     #: The data config the weights were trained with (``mean``, ``std``, ``interpolation``, ``crop_pct`` and a
     #: ``source``), from timm ``train.py``'s ``args`` or isiwatch's own metadata; empty when none is recorded.
-    data_config: dict = field(default_factory=dict)
+    data_config: dict[str, Any] = field(default_factory=dict)
 
 
 def sha256_of(path: Path) -> str:
@@ -63,7 +65,7 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_raw(path: str | Path) -> dict:
+def read_raw(path: str | Path) -> dict[str, Any]:
     """The checkpoint's top-level mapping, read without running any code."""
     path = Path(path)
     if not path.is_file():
@@ -100,13 +102,13 @@ class _Inert:
     The named class or function is never imported or called, so loading stays as safe as ``weights_only``.
     """
 
-    def __new__(cls, *args, **kwargs):
+    def __new__(cls, *args: object, **kwargs: object) -> _Inert:
         return super().__new__(cls)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: object, **kwargs: object) -> None:
         pass
 
-    def __setstate__(self, state) -> None:
+    def __setstate__(self, state: object) -> None:
         pass
 
 
@@ -120,7 +122,7 @@ def _unsafe_globals(path: Path) -> list[str]:
         return []
 
 
-def _read_lightning(path: Path, names: list[str]) -> dict | None:
+def _read_lightning(path: Path, names: list[str]) -> dict[str, Any] | None:
     """The ``state_dict`` of a Lightning checkpoint whose ``hyper_parameters``/``callbacks`` hold types that
     ``weights_only`` refuses (paths, enums, config classes; ``names``): those load as inert stand-ins and are
     dropped. None when the file is no Lightning checkpoint or its state dict itself holds such objects."""
@@ -137,9 +139,9 @@ def _read_lightning(path: Path, names: list[str]) -> dict | None:
     return {"state_dict": state}
 
 
-def _read_safetensors(path: Path) -> dict:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file, safe_open
+def _read_safetensors(path: Path) -> dict[str, Any]:
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load_file
 
     try:
         with safe_open(str(path), framework="pt") as fh:
@@ -147,7 +149,7 @@ def _read_safetensors(path: Path) -> dict:
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
-    raw: dict = {"state_dict": state}
+    raw: dict[str, Any] = {"state_dict": state}
     if "isiwatch" in meta:
         try:
             recorded = json.loads(meta["isiwatch"])
@@ -159,7 +161,7 @@ def _read_safetensors(path: Path) -> dict:
     return raw
 
 
-def _state_dict_of(raw: dict, prefer_ema: bool) -> tuple[dict[str, Tensor], str]:
+def _state_dict_of(raw: dict[str, Any], prefer_ema: bool) -> tuple[dict[str, Tensor], str]:
     """The state dict to load and which it is: "ema" or "state_dict" (any non-EMA one)."""
     for key in (("state_dict_ema", "state_dict") if prefer_ema else ("state_dict", "state_dict_ema")):
         if isinstance(raw.get(key), dict) and raw[key]:
@@ -174,14 +176,15 @@ def _state_dict_of(raw: dict, prefer_ema: bool) -> tuple[dict[str, Tensor], str]
 WEIGHT_SOURCES = ("checkpoint args", "checkpoint metadata", "--mean/--std")
 
 
-def _stats(path: Path, name: str, value) -> tuple[float, ...]:
+def _stats(path: Path, name: str, value: object) -> tuple[float, ...]:
     values = value if isinstance(value, (list, tuple)) else (value,)
-    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    numbers = tuple(float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
+    if not values or len(numbers) != len(values):
         raise CheckpointError(f"{path}: the recorded {name} {value!r} is not a number or a list of numbers")
-    return tuple(float(v) for v in values)
+    return numbers
 
 
-def _data_config(path: Path, raw: dict, meta: dict) -> dict:
+def _data_config(path: Path, raw: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     """The data config of the training run: timm ``train.py``'s ``args`` (``mean``, ``std``, ``interpolation``,
     ``crop_pct``; None or '' means "the model's default" there), else the normalisation isiwatch recorded when
     it wrote the file from weights trained with known statistics."""
@@ -194,8 +197,8 @@ def _data_config(path: Path, raw: dict, meta: dict) -> dict:
         fields, source = recorded, "checkpoint metadata"
     if fields.get("mean") is None or fields.get("std") is None:
         return {}
-    config = {"mean": _stats(path, "mean", fields["mean"]), "std": _stats(path, "std", fields["std"]),
-              "source": source}
+    config: dict[str, object] = {"mean": _stats(path, "mean", fields["mean"]),
+                                 "std": _stats(path, "std", fields["std"]), "source": source}
     if isinstance(fields.get("interpolation"), str) and fields["interpolation"]:
         config["interpolation"] = fields["interpolation"]
     if isinstance(fields.get("crop_pct"), (int, float)) and not isinstance(fields["crop_pct"], bool):
@@ -222,7 +225,7 @@ _NDIM = {"patch_embed.proj.weight": 4, "blocks.0.mlp.fc1.weight": 2, "head.weigh
          "cls_token": 3, "reg_token": 3, "dist_token": 3}
 
 
-def _check_tensors(path: Path, state: dict) -> None:
+def _check_tensors(path: Path, state: dict[str, Tensor]) -> None:
     """Refuse entries that are no tensors and tensors of the wrong rank before any shape is read."""
     for key, value in state.items():
         if not isinstance(value, Tensor):
@@ -233,13 +236,13 @@ def _check_tensors(path: Path, state: dict) -> None:
                                   "dimensions")
 
 
-def _recorded_kwargs(path: Path, raw: dict) -> dict:
+def _recorded_kwargs(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
     """The model keyword arguments the checkpoint records: its own ``model_kwargs`` over timm ``train.py``'s
     ``args.model_kwargs``."""
     args = raw.get("args")
     from_args = getattr(args, "model_kwargs", None) if isinstance(args, argparse.Namespace) else (
         args.get("model_kwargs") if isinstance(args, dict) else None)
-    recorded = {}
+    recorded: dict[str, Any] = {}
     for name, value in (("args.model_kwargs", from_args), ("model_kwargs", raw.get("model_kwargs"))):
         if value is not None and not isinstance(value, dict):
             raise CheckpointError(f"{path}: {name} is not a mapping ({type(value).__name__})")
@@ -255,19 +258,19 @@ def _is_square(n: int) -> int | None:
     return root if root * root == n else None
 
 
-def infer_vit_kwargs(state: dict[str, Tensor]) -> dict:
+def infer_vit_kwargs(state: dict[str, Tensor]) -> dict[str, Any]:
     """timm ``VisionTransformer`` keyword arguments implied by the tensor shapes of ``state``."""
     proj = state["patch_embed.proj.weight"]
     dim, in_chans, patch = proj.shape[0], proj.shape[1], proj.shape[2]
     depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
     has_cls = "cls_token" in state
     prefix = int(has_cls) + ("dist_token" in state) + (state["reg_token"].shape[1] if "reg_token" in state else 0)
-    kwargs = {"embed_dim": dim, "depth": depth, "patch_size": patch, "in_chans": in_chans,
-              "num_classes": state["head.weight"].shape[0] if "head.weight" in state else 0,
-              "mlp_ratio": state["blocks.0.mlp.fc1.weight"].shape[0] / dim,
-              "qkv_bias": "blocks.0.attn.qkv.bias" in state,
-              "qk_norm": "blocks.0.attn.q_norm.weight" in state,
-              "init_values": 1e-5 if "blocks.0.ls1.gamma" in state else None}
+    kwargs: dict[str, Any] = {"embed_dim": dim, "depth": depth, "patch_size": patch, "in_chans": in_chans,
+                              "num_classes": state["head.weight"].shape[0] if "head.weight" in state else 0,
+                              "mlp_ratio": state["blocks.0.mlp.fc1.weight"].shape[0] / dim,
+                              "qkv_bias": "blocks.0.attn.qkv.bias" in state,
+                              "qk_norm": "blocks.0.attn.q_norm.weight" in state,
+                              "init_values": 1e-5 if "blocks.0.ls1.gamma" in state else None}
     if "dist_token" not in state:
         kwargs["class_token"] = has_cls
         kwargs["reg_tokens"] = prefix - int(has_cls)
@@ -293,7 +296,7 @@ _ARCH_KEYS = ("embed_dim", "depth", "patch_size", "num_heads")
 
 
 @functools.lru_cache(maxsize=64)
-def _default_config(name: str) -> dict | str:
+def _default_config(name: str) -> dict[str, int] | str:
     """``embed_dim``, ``depth``, ``patch_size`` and ``num_heads`` of timm's default config for ``name`` (built on
     the meta device: no memory, no weights), or a string saying why there are none."""
     import timm
@@ -307,7 +310,7 @@ def _default_config(name: str) -> dict | str:
         except Exception as exc:
             return f"cannot build timm model {name!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
     proj = getattr(getattr(model, "patch_embed", None), "proj", None)
-    blocks = getattr(model, "blocks", None)
+    blocks = getattr(model, "blocks", None) or ()
     heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks else None
     if not isinstance(proj, nn.Conv2d) or not isinstance(heads, int):
         return f"{name!r} is not a ViT architecture"
@@ -315,25 +318,24 @@ def _default_config(name: str) -> dict | str:
             "num_heads": heads}
 
 
-def arch_config(name: str) -> dict | None:
+def arch_config(name: str) -> dict[str, int] | None:
     """The :data:`_ARCH_KEYS` of timm's default config for ``name``; None when it names no timm ViT."""
     config = _default_config(name)
     return dict(config) if isinstance(config, dict) else None
 
 
-def _described(name: str, recorded: dict) -> dict | None:
-    """What ``timm.create_model(name, **recorded)`` would have, for the :data:`_ARCH_KEYS`."""
-    config = arch_config(name)
-    if config is None:
-        return None
+def _described(config: Mapping[str, int], recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``timm.create_model(name, **recorded)`` would have, for the :data:`_ARCH_KEYS`, from ``config``
+    (``name``'s :func:`arch_config`)."""
+    described: dict[str, Any] = dict(config)
     for key in _ARCH_KEYS:
         value = recorded.get(key)
         if value is not None:
-            config[key] = value[0] if key == "patch_size" and isinstance(value, (tuple, list)) else value
-    return config
+            described[key] = value[0] if key == "patch_size" and isinstance(value, (tuple, list)) else value
+    return described
 
 
-def _mismatch(claim: dict, actual: dict) -> tuple[str, str] | None:
+def _mismatch(claim: Mapping[str, object], actual: Mapping[str, object]) -> tuple[str, str] | None:
     """The :data:`_ARCH_KEYS` on which ``claim`` and ``actual`` differ, as two lists, or None."""
     keys = [key for key in _ARCH_KEYS if actual.get(key) is not None and claim[key] != actual[key]]
     if not keys:
@@ -368,7 +370,8 @@ def _is_other_family(name: str) -> bool:
     return True
 
 
-def _family_checkpoint(path: Path, raw: dict, arch: str, state: dict[str, Tensor], weights: str) -> Checkpoint:
+def _family_checkpoint(path: Path, raw: dict[str, Any], arch: str, state: dict[str, Tensor],
+                       weights: str) -> Checkpoint:
     """A checkpoint of another timm ViT family: its recorded keyword arguments, with the class count and input
     channels read from the head and patch-embedding tensors when it records none; the strict load checks the rest."""
     _check_tensors(path, state)
@@ -395,11 +398,12 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
     """
     path = Path(path)
     raw = read_raw(path)
-    state, weights = _state_dict_of(raw, prefer_ema)
-    state = _strip_prefix(state)
-    recorded_arch = raw.get("arch") if isinstance(raw.get("arch"), str) and raw.get("arch") else None
-    if state is not None and (arch or recorded_arch) and _is_other_family(arch or recorded_arch):
-        return _family_checkpoint(path, raw, arch or recorded_arch, state, weights)
+    wrapped, weights = _state_dict_of(raw, prefer_ema)
+    state = _strip_prefix(wrapped)
+    recorded_arch: str | None = raw.get("arch") if isinstance(raw.get("arch"), str) and raw.get("arch") else None
+    named = arch or recorded_arch
+    if state is not None and named and _is_other_family(named):
+        return _family_checkpoint(path, raw, named, state, weights)
     if state is None or "patch_embed.proj.weight" not in state:
         raise CheckpointError(f"{path}: not a ViT checkpoint (no {_QKV!r} or patch_embed weights found)")
     _check_tensors(path, state)
@@ -422,14 +426,16 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
     # the head count as the checkpoint itself says it: recorded, given, or the recorded arch's (at this width)
     given = num_heads or recorded.get("num_heads")
     heads = given
-    recorded_config = _described(recorded_arch, recorded) if recorded_arch else None
+    recorded_default = arch_config(recorded_arch) if recorded_arch else None
+    recorded_config = _described(recorded_default, recorded) if recorded_default is not None else None
     if heads is None and recorded_config is not None and recorded_config["embed_dim"] == dim:
         heads = recorded_config["num_heads"]
     if arch and arch != recorded_arch:
-        claim = _described(arch, {**recorded, "num_heads": given})
-        if claim is None:
+        default = arch_config(arch)
+        if default is None:
             raise CheckpointError(f"{path}: --arch {_default_config(arch)}")
-        diff = recorded_config and _mismatch(arch_config(arch), arch_config(recorded_arch))
+        claim = _described(default, {**recorded, "num_heads": given})
+        diff = _mismatch(default, recorded_default) if recorded_default is not None else None
         if diff:  # another family than the one recorded (equal defaults, e.g. vit_/deit_ aliases, are fine)
             raise CheckpointError(f"{path}: --arch {arch!r} ({diff[0]}) contradicts the checkpoint's recorded arch "
                                   f"{recorded_arch!r} ({diff[1]})")
@@ -439,14 +445,14 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
                                   f"({diff[1]})")
         heads = claim["num_heads"]
     elif heads is None and not (recorded_arch and recorded_config is None):  # else build() names the bad arch
-        if recorded_arch:
+        if recorded_config is not None:
             reason = (f"records arch {recorded_arch!r} (embed_dim {recorded_config['embed_dim']}) but its tensors "
                       f"have embed_dim {dim}, and no num_heads")
         else:
             reason = "records no architecture and no num_heads"
         raise CheckpointError(f"{path}: the checkpoint {reason}, and the head count is not in the tensors; pass "
                               "--arch NAME (a timm name whose default config has it) or --num-heads N")
-    chosen_arch = arch or recorded_arch or (BASE_DISTILLED_ARCH if "dist_token" in state else BASE_ARCH)
+    chosen_arch = named or (BASE_DISTILLED_ARCH if "dist_token" in state else BASE_ARCH)
     kwargs = {**inferred, **recorded}
     if heads is not None:
         if dim % heads:
@@ -459,8 +465,8 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
                       _data_config(path, raw, meta))
 
 
-def save_checkpoint(path: str | Path, arch: str, model_kwargs: dict, state_dict: dict[str, Tensor],
-                    metadata: dict | None = None, fmt: str = "pt") -> Path:
+def save_checkpoint(path: str | Path, arch: str, model_kwargs: dict[str, Any], state_dict: dict[str, Tensor],
+                    metadata: dict[str, Any] | None = None, fmt: str = "pt") -> Path:
     """Write an isiwatch checkpoint atomically as a torch pickle of plain types or as safetensors.
 
     Both formats go through :func:`~isiwatch.files.atomic_write`'s file, so a full disk is reported as

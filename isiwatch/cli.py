@@ -5,12 +5,20 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import __version__
+
+if TYPE_CHECKING:
+    from .config import ConfigFile
+
+    _StatsType = click.ParamType[tuple[float, ...]]
+else:  # click's annotations make ParamType generic; older clicks cannot subscript it at run time
+    _StatsType = click.ParamType
 
 
 def _device(name: str) -> str:
@@ -42,11 +50,12 @@ class _Cli(click.Group):
     """Every error is one line ``Error: ...`` and exit status 1, usage errors included (set ISIWATCH_DEBUG=1 for
     tracebacks); ``--help`` prints help and exits 0."""
 
-    def make_context(self, info_name, args, parent=None, **extra):
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
         with _usage_errors():  # the group's own options: `isiwatch --bogus`
             return super().make_context(info_name, args, parent=parent, **extra)
 
-    def invoke(self, ctx):
+    def invoke(self, ctx: click.Context) -> object:
         try:
             with _usage_errors():  # commands, their options and arguments, and UsageErrors raised inside them
                 return super().invoke(ctx)
@@ -66,7 +75,7 @@ class _Cli(click.Group):
             raise click.ClickException(message) from None
 
 
-def _section_value(command: click.Command, param: click.Parameter, value, where: str):
+def _section_value(command: click.Command, param: click.Parameter, value: object, where: str) -> object:
     """Convert ``value`` as click would on the command line, so ``config check`` refuses what the command would."""
     from .config import clip
 
@@ -80,16 +89,18 @@ def _section_value(command: click.Command, param: click.Parameter, value, where:
         raise click.ClickException(f"{where}: invalid value ({clip(str(exc))})") from None
 
 
-def _section_defaults(ctx: click.Context, config) -> dict:
+def _section_defaults(ctx: click.Context, config: ConfigFile) -> dict[str, dict[str, object]]:
     """Validate each command section against the command's options and their types; return click's ``default_map``.
 
     ``null`` leaves the command's default in place.
     """
     from .config import quote
 
-    defaults = {}
+    group = ctx.command
+    assert isinstance(group, click.Group)  # ctx is the isiwatch group's
+    defaults: dict[str, dict[str, object]] = {}
     for command_name, values in config.sections.items():
-        command = ctx.command.commands[command_name]
+        command = group.commands[command_name]
         params = {p.name: p for p in command.params if isinstance(p, click.Option)}
         for key, (value, line) in values.items():
             if key not in params:
@@ -102,7 +113,7 @@ def _section_defaults(ctx: click.Context, config) -> dict:
     return defaults
 
 
-def _load_config(ctx: click.Context, _param, value):
+def _load_config(ctx: click.Context, _param: click.Parameter, value: Path | None) -> ConfigFile | None:
     """Runs before the group's error handling, so every problem must leave as a one-line ClickException."""
     if value is None:
         return None
@@ -145,13 +156,13 @@ def config_check(ctx: click.Context, file: Path) -> None:
     click.echo(f"{file}: OK ({len(loaded.watch)} Watch options; command sections: {sections})")
 
 
-class _Stats(click.ParamType):
+class _Stats(_StatsType):
     """One number or one per channel, separated by commas or spaces: ``--mean 0.5`` or
     ``--mean 0.485,0.456,0.406`` (click options take a fixed number of values)."""
 
     name = "M[,M,M]"
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...]:
         if isinstance(value, tuple):
             return value
         parts = value if isinstance(value, (list, tuple)) else str(value).replace(",", " ").split()
@@ -170,9 +181,13 @@ MEAN = click.option("--mean", type=_Stats(), help="Per-channel mean to normalise
                                                   "0.485,0.456,0.406 (default: the checkpoint's training args, "
                                                   "else the model's pretrained_cfg; MNIST's for --data mnist).")
 STD = click.option("--std", type=_Stats(), help="Per-channel standard deviation, with --mean.")
-def _inputs_line(weights: str, norm: dict) -> str:
+
+
+def _inputs_line(weights: str, norm: Mapping[str, Any]) -> str:
     """Which weights and which normalisation an analysis or cut used (both change every number after it)."""
-    numbers = lambda values: ",".join(f"{v:g}" for v in values)  # noqa: E731
+    def numbers(values: Iterable[float]) -> str:
+        return ",".join(f"{v:g}" for v in values)
+
     return (f"weights: {'EMA (state_dict_ema)' if weights == 'ema' else 'state_dict'}; normalised with mean "
             f"{numbers(norm['mean'])} std {numbers(norm['std'])} ({norm['source']})")
 
@@ -205,8 +220,9 @@ DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), de
 @MEAN
 @STD
 @DEVICE
-def analyze(checkpoint, arch, num_heads, data, images, out, metric, isi_recon, batch_size, no_ema, mean, std,
-            device) -> None:
+def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str, images: int, out: Path, metric: str,
+            isi_recon: bool, batch_size: int, no_ema: bool, mean: tuple[float, ...] | None,
+            std: tuple[float, ...] | None, device: str) -> None:
     """Per-layer diagnostics of a trained ViT: a timm or isiwatch checkpoint file, or a Hugging Face save_pretrained
     directory."""
     from .depth import recommend_depth
@@ -238,7 +254,7 @@ def analyze(checkpoint, arch, num_heads, data, images, out, metric, isi_recon, b
               help="Keep the Prometheus endpoint up for SECONDS after the demo finishes (from training on), so a "
                    "scraping Prometheus can fire alerts with a for: delay; Ctrl-C ends it (0: close after training).")
 @DEVICE
-def demo(out, quick, watch_config, prometheus_port, serve, device) -> None:
+def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int, serve: float, device: str) -> None:
     """Train a ViT on the embedded MNIST digits with Watch, analyse it, truncate it, write a report."""
     from .demo import run_demo
     from .threads import set_torch_threads
@@ -252,7 +268,7 @@ def demo(out, quick, watch_config, prometheus_port, serve, device) -> None:
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Where to write the plots and report.html (default: RUN_DIR/report).")
-def report(run_dir, out) -> None:
+def report(run_dir: Path, out: Path | None) -> None:
     """Plots and a self-contained HTML page of a monitored run (a Watch log_dir)."""
     from .report import write_report
 
@@ -309,8 +325,11 @@ from .cut_search import (  # noqa: E402  (option defaults, from a module free of
 @MEAN
 @STD
 @DEVICE
-def truncate(checkpoint, out, analysis, data, eval_data, strategy, keep, max_drop, budget, train_last, epochs, lr,
-             distill, metric, images, fmt, report, arch, num_heads, no_ema, seed, mean, std, device) -> None:
+def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval_data: str | None, strategy: str | None,
+             keep: int | None, max_drop: float, budget: int, train_last: int | None, epochs: int, lr: float,
+             distill: bool, metric: str | None, images: int, fmt: str, report: Path | None, arch: str | None,
+             num_heads: int | None, no_ema: bool, seed: int, mean: tuple[float, ...] | None,
+             std: tuple[float, ...] | None, device: str) -> None:
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
     fine-tuning its late blocks."""
     from .truncate import candidates_table, report_table, truncate
@@ -353,7 +372,8 @@ def truncate(checkpoint, out, analysis, data, eval_data, strategy, keep, max_dro
 @click.option("--layer-scale", is_flag=True, help="Also specialise LayerScale ls1/ls2 (models with init_values).")
 @click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), default="pt", show_default=True)
 @click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
-def specialize(checkpoint, out, arch, num_heads, norms, qkv_blocks, lora_rank, layer_scale, fmt, no_ema) -> None:
+def specialize(checkpoint: Path, out: Path, arch: str | None, num_heads: int | None, norms: bool, qkv_blocks: str,
+               lora_rank: int | None, layer_scale: bool, fmt: str, no_ema: bool) -> None:
     """Give [CLS]/prefix tokens their own norms (and QKV) in a ViT checkpoint; same function at conversion."""
     from .models import specialize_checkpoint
     from .specialize import parse_qkv_blocks

@@ -15,6 +15,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -83,25 +84,25 @@ def clip(text: str) -> str:
     return text if len(text) <= QUOTE_LIMIT else text[:QUOTE_LIMIT] + "..."
 
 
-def quote(value) -> str:
+def quote(value: object) -> str:
     """``repr`` of user content, bounded (reprlib never builds the full text of a huge nested value)."""
     return clip(_REPR.repr(value))
 
 
 def _at_least(low: int) -> Callable[[object], str | None]:
-    return lambda v: None if v is None or v >= low else f"must be at least {low}, got {v}"
+    return lambda v: None if not isinstance(v, int) or v >= low else f"must be at least {low}, got {v}"
 
 
 def _one_of(choices: tuple[str, ...]) -> Callable[[object], str | None]:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}; got {quote(v)}"
 
 
-def _finite(v) -> str | None:
-    return None if v is None or math.isfinite(v) else f"must be a finite number, got {v}"
+def _finite(v: object) -> str | None:
+    return None if not isinstance(v, float) or math.isfinite(v) else f"must be a finite number, got {v}"
 
 
-def _port(v) -> str | None:
-    return None if v is None or 0 <= v <= 65535 else f"must be a port 0-65535, got {v}"
+def _port(v: object) -> str | None:
+    return None if not isinstance(v, int) or 0 <= v <= 65535 else f"must be a port 0-65535, got {v}"
 
 
 #: Range and choice rules, shared by the Watch (through :func:`build_options`) and ``isiwatch config check``.
@@ -115,12 +116,11 @@ _RULES: dict[str, Callable[[object], str | None]] = {
 }
 
 
-def _allowed(hint) -> tuple[type, ...]:
-    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    return tuple(type(None) if a is type(None) else a for a in args)
+def _allowed(hint: type | types.UnionType) -> tuple[type, ...]:
+    return typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
 
 
-def _check(key: str, value, where: str = "") -> object:
+def _check(key: str, value: object, where: str = "") -> object:
     """The value of Watch option ``key``, after its type and range checks; ``where`` prefixes errors."""
     if key not in _NAMES:
         raise ConfigError(f"{where}unknown option {quote(key)}")
@@ -140,9 +140,9 @@ def _check(key: str, value, where: str = "") -> object:
     return value
 
 
-def build_options(config: str | Path | dict | None = None, **overrides) -> WatchOptions:
+def build_options(config: str | Path | dict[str, object] | None = None, **overrides: object) -> WatchOptions:
     """Options from a YAML file or dict, with keyword ``overrides`` (explicit arguments) on top."""
-    values = {}
+    values: dict[str, Any] = {}  # each value of its WatchOptions field's type, as _check checked
     if isinstance(config, dict):
         values = {k: _check(k, v) for k, v in config.items()}
     elif config is not None:
@@ -156,29 +156,29 @@ class ConfigFile:
     """A parsed ``isiwatch.yaml``: Watch options and per-command sections of ``{key: (value, line)}``."""
 
     path: Path
-    watch: dict
+    watch: dict[str, object]
     sections: dict[str, dict[str, tuple[object, int]]]
 
 
-class _Refused(yaml.MarkedYAMLError):
+class _Refused(yaml.MarkedYAMLError):  # type: ignore[misc]  # PyYAML ships no type hints
     """Valid YAML that a config file may not use."""
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # same
     """SafeLoader that refuses aliases and duplicate keys.
 
     A few hundred bytes of nested aliases expand to gigabytes once printed or converted, and a config file
     has no need for them; a duplicate key would silently take the last value.
     """
 
-    def compose_node(self, parent, index):
+    def compose_node(self, parent: yaml.Node | None, index: yaml.Node | int | None) -> yaml.Node:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise _Refused(problem=f"YAML aliases (*{event.anchor[:40]}) are not supported; write the value out",
                            problem_mark=event.start_mark)
         return super().compose_node(parent, index)
 
-    def compose_mapping_node(self, anchor):
+    def compose_mapping_node(self, anchor: str | None) -> yaml.MappingNode:
         node = super().compose_mapping_node(anchor)
         first: dict[tuple[str, str], int] = {}
         for key_node, _ in node.value:
@@ -200,7 +200,7 @@ def _yaml_error(path: Path, exc: yaml.YAMLError) -> ConfigError:
                        f"{path}{line}: invalid YAML ({problem})")
 
 
-def _compose(text: str, path: Path):
+def _compose(text: str, path: Path) -> tuple[_Loader, yaml.Node | None]:
     """The document's node tree; every YAML problem becomes a one-line :class:`ConfigError`."""
     loader = _Loader(text)
     try:
@@ -211,7 +211,7 @@ def _compose(text: str, path: Path):
         raise ConfigError(f"{path}: invalid YAML (nested too deeply)") from None
 
 
-def _construct(loader: _Loader, node, path: Path) -> object:
+def _construct(loader: _Loader, node: yaml.Node, path: Path) -> object:
     """One value; a tag the safe loader refuses (``!!python/object``, ``!!int abc``) is a config error."""
     try:
         return loader.construct_document(node)
@@ -221,16 +221,17 @@ def _construct(loader: _Loader, node, path: Path) -> object:
         raise ConfigError(f"{path}:{node.start_mark.line + 1}: invalid YAML value ({clip(str(exc))})") from None
 
 
-def _mapping(node, path: Path, what: str) -> list:
+def _mapping(node: yaml.Node, path: Path, what: str) -> list[tuple[yaml.ScalarNode, yaml.Node]]:
     if not isinstance(node, yaml.MappingNode):
         raise ConfigError(f"{path}:{node.start_mark.line + 1}: {what} must be a mapping of option: value")
-    for key_node, _ in node.value:
+    pairs: list[tuple[yaml.ScalarNode, yaml.Node]] = node.value
+    for key_node, _ in pairs:
         if not isinstance(key_node, yaml.ScalarNode):
             raise ConfigError(f"{path}:{key_node.start_mark.line + 1}: {what} has a key that is not a name")
-    return node.value
+    return pairs
 
 
-def _section(loader: _Loader, node, path: Path, name: str) -> dict[str, tuple[object, int]]:
+def _section(loader: _Loader, node: yaml.Node, path: Path, name: str) -> dict[str, tuple[object, int]]:
     """``{option: (value, line)}`` of one command section; ``batch-size`` and ``batch_size`` are one key."""
     result: dict[str, tuple[object, int]] = {}
     for key_node, value_node in _mapping(node, path, f"section {name!r}"):

@@ -13,9 +13,10 @@ import json
 import math
 import statistics
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from .analysis import Analysis
 from .files import atomic_files, atomic_write
@@ -31,14 +32,15 @@ class RunRecords:
     """Everything a run directory holds."""
 
     run_dir: Path
-    samples: list[dict]
-    alerts: list[dict]
+    samples: list[dict[str, Any]]
+    alerts: list[dict[str, Any]]
     analysis: Analysis | None
-    truncation: dict | None
-    recommendation: dict | None = None  # analysis.json's depth recommendation (absent in older files)
+    truncation: dict[str, Any] | None
+    recommendation: dict[str, Any] | None = None  # analysis.json's depth recommendation (absent in older files)
 
 
 Warn = Callable[[str], None]
+T = TypeVar("T")
 
 
 def _python_warning(message: str) -> None:
@@ -62,14 +64,12 @@ def _jsonl(path: Path, warn: Warn) -> list[tuple[int, object]]:
     return records
 
 
-def _number(value) -> bool:
+def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _sample_problem(record) -> str | None:
+def _sample_problem(record: dict[str, Any]) -> str | None:
     """What keeps a metrics.jsonl record from being reported, or None."""
-    if not isinstance(record, dict):
-        return "not a JSON object"
     for key in ("step", "duration_s"):
         if not _number(record.get(key)):
             return f"{key!r} is missing or not a number"
@@ -88,19 +88,19 @@ def _sample_problem(record) -> str | None:
     return None
 
 
-def _alert_problem(record) -> str | None:
+def _alert_problem(record: dict[str, Any]) -> str | None:
     """What keeps an alerts.jsonl record from being reported, or None."""
-    if not isinstance(record, dict):
-        return "not a JSON object"
     if not _number(record.get("step")):
         return "'step' is missing or not a number"
     missing = [key for key in ("kind", "severity", "message") if not isinstance(record.get(key), str)]
     return f"{missing[0]!r} is missing or not a string" if missing else None
 
 
-def _records(path: Path, warn: Warn, problem: Callable[[object], str | None]) -> list[dict]:
+def _records(path: Path, warn: Warn, problem: Callable[[dict[str, Any]], str | None]) -> list[dict[str, Any]]:
     records = []
     for number, record in _jsonl(path, warn):
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: not a JSON object")
         if (found := problem(record)) is not None:
             raise ValueError(f"{path}:{number}: {found}")
         records.append(record)
@@ -113,7 +113,7 @@ def _reason(exc: Exception) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-def _json_file(path: Path, what: str, check: Callable[[object], object]):
+def _json_file(path: Path, what: str, check: Callable[[Any], T]) -> T | None:
     """``check(data)`` of the JSON file at ``path`` (None when there is none); any failure names the file."""
     if not path.exists():
         return None
@@ -123,13 +123,13 @@ def _json_file(path: Path, what: str, check: Callable[[object], object]):
         raise ValueError(f"{path}: not {what} ({_reason(exc)})") from None
 
 
-def _analysis(data) -> tuple[Analysis, dict | None]:
+def _analysis(data: dict[str, Any]) -> tuple[Analysis, dict[str, Any] | None]:
     analysis = Analysis.from_dict(data)
     analysis_rows(analysis)  # fails here, before anything is written, when the curves do not line up
     return analysis, _recommendation(data.get("recommendation"))
 
 
-def _truncation(data) -> dict:
+def _truncation(data: dict[str, Any]) -> dict[str, Any]:
     if data:
         _truncation_table(data)
     return data
@@ -152,13 +152,13 @@ def read_run(run_dir: str | Path, warn: Warn | None = None) -> RunRecords:
     return RunRecords(run_dir, samples, alerts, analysis, truncation, recommendation)
 
 
-def _recommendation(value) -> dict | None:
+def _recommendation(value: object) -> dict[str, Any] | None:
     """A stored depth recommendation, or None when absent or not one."""
     keys = ("depth", "signal", "blocks_to_drop", "source_depth")
     return value if isinstance(value, dict) and all(k in value for k in keys) else None
 
 
-def _grid(samples: list[dict], metric: str) -> list[list[float]]:
+def _grid(samples: list[dict[str, Any]], metric: str) -> list[list[float]]:
     return [[math.nan if v is None else v for v in s["layers"][metric]] for s in samples]
 
 
@@ -180,8 +180,8 @@ def write_plots(records: RunRecords, out: Path) -> dict[str, Path]:
     return paths
 
 
-def _table(header: list[str], rows: list[list]) -> str:
-    def cell(v) -> str:
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    def cell(v: object) -> str:
         if isinstance(v, float):
             return "–" if not math.isfinite(v) else f"{v:.3f}"
         return html.escape(str(v))
@@ -212,7 +212,7 @@ def _summary(records: RunRecords) -> str:
     return _table(["", ""], rows)
 
 
-def _truncation_table(report: dict) -> str:
+def _truncation_table(report: dict[str, Any]) -> str:
     caption = (f"strategy {report['strategy']}, kept blocks {report['kept_blocks']}, "
                f"{report['healing_steps']} healing steps")
     return f"<p>{html.escape(caption)}</p>" + _table(*report_rows(report))
@@ -233,7 +233,7 @@ def _page(records: RunRecords, plots: dict[str, Path]) -> str:
     alerts = [[a["step"], a["kind"], a["severity"], a["message"]] for a in records.alerts]
     parts = [f"<h1>isiwatch report: {html.escape(records.run_dir.name)}</h1>", "<h2>Summary</h2>",
              _summary(records)]
-    if "curves" in plots:
+    if records.analysis is not None:  # write_plots drew its curves
         parts += ["<h2>Per-layer curves of the trained model</h2>", _img(plots["curves"], "per-layer curves"),
                   _table(*analysis_rows(records.analysis))]
     parts += ["<h2>Depth × training step</h2>", _img(plots["heatmaps"], "heat-maps"),

@@ -18,8 +18,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from timm.layers import LayerNorm as TimmLayerNorm
-from timm.layers import LayerScale
+from timm.layers import LayerNorm as TimmLayerNorm  # type: ignore[attr-defined]  # timm re-exports without __all__ or "as"
+from timm.layers import LayerScale  # type: ignore[attr-defined]  # same
 from torch import Tensor, nn
 
 #: Norm classes whose forward is exactly ``F.layer_norm`` (timm's fast-norm path left aside), so that
@@ -49,12 +49,15 @@ class PrefixSplit(nn.Module):
         return f"{super().extra_repr()}, num_prefix_tokens={self.num_prefix_tokens}"
 
 
-def _copy(param: nn.Parameter) -> nn.Parameter:
+def _copy(param: Tensor) -> nn.Parameter:
     return nn.Parameter(param.detach().clone())
 
 
 class TokenLayerNorm(PrefixSplit, nn.LayerNorm):
     """LayerNorm with its own affine parameters (``prefix_weight``, ``prefix_bias``) for prefix tokens."""
+
+    prefix_weight: nn.Parameter
+    prefix_bias: nn.Parameter | None
 
     @classmethod
     def from_norm(cls, norm: nn.LayerNorm, num_prefix_tokens: int) -> TokenLayerNorm:
@@ -80,6 +83,8 @@ class TokenLayerNorm(PrefixSplit, nn.LayerNorm):
 class TokenLayerScale(PrefixSplit, LayerScale):
     """timm LayerScale with its own per-channel scale ``prefix_gamma`` for prefix tokens."""
 
+    prefix_gamma: nn.Parameter
+
     @classmethod
     def from_layer_scale(cls, scale: LayerScale, num_prefix_tokens: int) -> TokenLayerScale:
         layer = cls(scale.gamma.numel(), init_values=scale.init_values, device="meta")
@@ -104,6 +109,10 @@ class TokenLinear(PrefixSplit, nn.Linear):
     """
 
     lora_rank: int | None
+    prefix_weight: nn.Parameter
+    prefix_bias: nn.Parameter | None
+    prefix_lora_a: nn.Parameter
+    prefix_lora_b: nn.Parameter
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, num_prefix_tokens: int, lora_rank: int | None = None) -> TokenLinear:
@@ -119,10 +128,10 @@ class TokenLinear(PrefixSplit, nn.Linear):
             layer.prefix_weight = _copy(linear.weight)
             layer.register_parameter("prefix_bias", None if linear.bias is None else _copy(linear.bias))
         else:
-            like = {"device": linear.weight.device, "dtype": linear.weight.dtype}
-            layer.prefix_lora_a = nn.Parameter(torch.empty(lora_rank, in_features, **like))
+            device, dtype = linear.weight.device, linear.weight.dtype
+            layer.prefix_lora_a = nn.Parameter(torch.empty(lora_rank, in_features, device=device, dtype=dtype))
             nn.init.kaiming_uniform_(layer.prefix_lora_a, a=math.sqrt(5))
-            layer.prefix_lora_b = nn.Parameter(torch.zeros(out_features, lora_rank, **like))
+            layer.prefix_lora_b = nn.Parameter(torch.zeros(out_features, lora_rank, device=device, dtype=dtype))
         return layer
 
     def forward_prefix(self, x: Tensor) -> Tensor:

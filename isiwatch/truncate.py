@@ -23,8 +23,10 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypedDict
 
 import timm
 import torch
@@ -96,6 +98,7 @@ def choose_blocks(strategy: str, depth: int, keep: int, *, phases: Phases | None
     if not 1 <= keep < depth:
         raise ValueError(f"keep must be between 1 and {depth - 1} for a {depth}-block model, got {keep}")
     drop = depth - keep
+    dropped: Sequence[int]
     if strategy == "tail":
         dropped = range(keep, depth)
     elif strategy == "plateau":
@@ -123,11 +126,11 @@ def _need(distances: BoundaryDistances | None) -> BoundaryDistances:
 def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
     """A copy of a ViT classifier (timm or transformers) with only the ``kept`` blocks, in that order; ``model`` is
     left untouched."""
-    depth = len(_blocks(model))
+    source = _blocks(model)
+    depth = len(source)
     if not kept or sorted(set(kept)) != list(kept) or not 0 <= kept[0] <= kept[-1] < depth:
         raise ValueError(f"kept blocks must be ascending, distinct indices below {depth}, got {kept}")
     path = block_path(model)
-    source = model.get_submodule(path)
     moved = [i for position, i in enumerate(kept) if i != position]
     fixed = vit_parts(model).fixed_block_positions
     if moved and fixed:
@@ -194,7 +197,7 @@ class Split:
     test_y: Tensor
     #: Which images each part holds: ``{"heal" | "validation" | "test": {"source", "images", "of"}}`` (``of``:
     #: the images in that source), so a report says whether "held out" really is.
-    data: dict = field(default_factory=dict)
+    data: dict[str, dict[str, str | int]] = field(default_factory=dict)
 
     @property
     def held_out(self) -> tuple[Tensor, Tensor]:
@@ -251,9 +254,10 @@ def load_split(model: nn.Module, data: str, eval_data: str | None = None,
             raise DataError(f"{source}: {int(y.max()) + 1} classes but the model's head has {classes} outputs")
     half = len(eval_x) // 2
     total = len(eval_x) if eval_source else len(images)
-    record = {"heal": {"source": heal_source, "images": len(heal_x), "of": len(images)},
-              "validation": {"source": eval_source or data, "images": half, "of": total},
-              "test": {"source": eval_source or data, "images": len(eval_x) - half, "of": total}}
+    record: dict[str, dict[str, str | int]] = {
+        "heal": {"source": heal_source, "images": len(heal_x), "of": len(images)},
+        "validation": {"source": eval_source or data, "images": half, "of": total},
+        "test": {"source": eval_source or data, "images": len(eval_x) - half, "of": total}}
     return Split(heal_x, heal_y, eval_x[:half], eval_y[:half], eval_x[half:], eval_y[half:], record)
 
 
@@ -344,6 +348,17 @@ class TruncateRequest:
             raise ValueError(f"--out {self.out}: exists; a truncated Hugging Face model is written to a new directory")
 
 
+class HealOptions(TypedDict, total=False):
+    """Keyword arguments of :func:`heal`."""
+
+    epochs: int
+    lr: float
+    teacher: nn.Module | None
+    seed: int
+    amp: bool
+    train_last: int | None
+
+
 @dataclass
 class TruncationPlan:
     """What :func:`execute` will do, with everything it needs loaded: the uncut model, the images, the phases,
@@ -366,7 +381,7 @@ class TruncationPlan:
         return len(_blocks(self.uncut))
 
     @property
-    def heal_options(self) -> dict:
+    def heal_options(self) -> HealOptions:
         """Keyword arguments of :func:`heal` for every cut of this plan."""
         r = self.request
         return {"epochs": r.epochs, "lr": r.lr, "teacher": self.uncut if r.distill else None, "seed": r.seed,
@@ -405,9 +420,11 @@ def plan(request: TruncateRequest) -> TruncationPlan:
         if r.strategy == "plateau" and phases is None:
             raise ValueError(f"no plateau in the {metric} curve of {r.checkpoint}; "
                              "pass --keep K or use --strategy auto, tail, bi, angular or random")
+        assert r.strategy is not None  # TruncateRequest resolved None to a strategy
         keep = r.keep
         if keep is None:
-            keep = plateau_keep(phases, depth) if r.strategy == "plateau" else recommendation.depth
+            assert recommendation is not None  # without --keep the uncut model was analysed
+            keep = recommendation.depth if r.strategy != "plateau" or phases is None else plateau_keep(phases, depth)
             if keep >= depth:
                 raise ValueError(f"the analysis recommends keeping all {depth} blocks ({recommendation.signal}); "
                                  "pass --keep K to cut anyway, or use --strategy auto")
@@ -423,7 +440,7 @@ class Execution:
     model: nn.Module
     kept: list[int]
     healing_steps: int
-    search: dict | None
+    search: dict[str, Any] | None
     eval_x: Tensor
     eval_y: Tensor
 
@@ -432,6 +449,7 @@ def execute(plan: TruncationPlan) -> Execution:
     """Cut and heal: the planned blocks, or the ``auto`` search (:func:`auto_cut`)."""
     r, split = plan.request, plan.split
     if plan.kept is None:
+        assert plan.recommendation is not None and plan.distances is not None  # plan() prepares both for auto
         model, kept, search = auto_cut(plan.uncut, split, plan.recommendation, plan.phases, plan.distances,
                                        r.max_drop, r.budget, r.seed, plan.heal_options, r.progress)
         steps = search["winner"]["healing_steps"] if search["winner"] else 0
@@ -441,7 +459,7 @@ def execute(plan: TruncationPlan) -> Execution:
     return Execution(model, plan.kept, steps, None, *split.held_out)
 
 
-def report(plan: TruncationPlan, execution: Execution) -> dict:
+def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
     """The report dict: costs and held-out accuracies of the uncut, cut and healed models
     (:func:`~isiwatch.truncate_report.measure`) and every choice made on the way."""
     r, kept, search, depth = plan.request, execution.kept, execution.search, plan.depth
@@ -461,7 +479,7 @@ def report(plan: TruncationPlan, execution: Execution) -> dict:
     return result
 
 
-def write(plan: TruncationPlan, execution: Execution, result: dict) -> list[Path]:
+def write(plan: TruncationPlan, execution: Execution, result: dict[str, Any]) -> list[Path]:
     """Write the healed model with its provenance metadata (a timm checkpoint, checked first to load strictly into
     ``timm.create_model``; for a Hugging Face directory a new ``save_pretrained`` directory), and the report when
     one was requested; returns the written paths."""
@@ -487,11 +505,11 @@ class TruncateResult:
     """The truncated model, the report dict (also written as JSON with ``report=``) and the written paths."""
 
     model: nn.Module
-    report: dict
+    report: dict[str, Any]
     paths: list[Path]
 
 
-def truncate(checkpoint: str | Path, out: str | Path, **options) -> TruncateResult:
+def truncate(checkpoint: str | Path, out: str | Path, **options: Any) -> TruncateResult:
     """Cut ``checkpoint`` down, heal it on ``data`` and write it to ``out``: :class:`TruncateRequest` (checks the
     options), :func:`plan`, :func:`execute`, :func:`report`, :func:`write`.
 
@@ -515,13 +533,13 @@ def truncate(checkpoint: str | Path, out: str | Path, **options) -> TruncateResu
 
 
 def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation, phases: Phases | None,
-             distances: BoundaryDistances, max_drop: float, budget: int, seed: int, heal_options: dict,
-             progress: bool = False) -> tuple[nn.Module, list[int], dict]:
+             distances: BoundaryDistances, max_drop: float, budget: int, seed: int, heal_options: HealOptions,
+             progress: bool = False) -> tuple[nn.Module, list[int], dict[str, Any]]:
     """The cheapest qualifying healed cut of ``uncut`` (or a copy of it), its kept blocks and the search record.
 
     ``heal_options``: keyword arguments of :func:`heal`.
     """
-    depth = len(uncut.blocks)
+    depth = len(_blocks(uncut))
     reference = accuracy(uncut, split.val_x, split.val_y)
 
     def blocks_for(strategy: str, keep: int) -> list[int] | None:
@@ -529,7 +547,7 @@ def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation
             return None
         return choose_blocks(strategy, depth, keep, phases=phases, distances=distances, seed=seed)
 
-    def heal_and_score(strategy: str, kept: list[int]):
+    def heal_and_score(strategy: str, kept: list[int]) -> tuple[float, float, int, nn.Module]:
         model = cut_vit(uncut, kept)
         cut = accuracy(model, split.val_x, split.val_y)
         steps = heal(model, split.train_x, split.train_y, **heal_options)
@@ -555,4 +573,5 @@ def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation
                                               "candidates; wrote the uncut model")}
     if winner is None:
         return copy.deepcopy(uncut), list(range(depth)), record
+    assert isinstance(search.best_model, nn.Module)  # the winner's healed model
     return search.best_model, winner.kept, record

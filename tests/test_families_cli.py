@@ -110,3 +110,13 @@ def test_truncate_a_save_pretrained_directory(kind, tmp_path):
     again = CliRunner().invoke(main, ["truncate", str(tmp_path / "hf"), "--out", str(out), "--keep", "2"])
     assert again.exit_code != 0 and "exists; a truncated Hugging Face model is written to a new directory" in \
         again.output
+
+
+def test_truncate_auto_on_a_save_pretrained_directory(tmp_path):
+    """auto (the default strategy) counts the blocks of a transformers model too, which has no ``blocks``."""
+    torch.manual_seed(0)
+    HF_CLASSIFIERS["vit"]().eval().save_pretrained(tmp_path / "hf")
+    out = tmp_path / "cut"
+    result = run("truncate", tmp_path / "hf", "--out", out, "--epochs", 0, "--budget", 1, "--images", 64)
+    assert result.exit_code == 0, result.output
+    assert "(auto: " in result.output and json.loads((out / "isiwatch.json").read_text())["strategy"].startswith("auto")
