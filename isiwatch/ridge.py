@@ -95,7 +95,7 @@ def fit_ridge(
     best_alpha = torch.zeros(k, device=x.device)
     for alpha in alphas:
         lam = alpha * s2.mean(-1, keepdim=True)  # (K,1)
-        shrink = (s2 / (s2 + lam)).unsqueeze(1)  # (K,1,r)
+        shrink = torch.where(s2 > 0, s2 / (s2 + lam), 0).unsqueeze(1)  # (K,1,r); 0/0 on constant features
         fitted = (y_u * shrink) @ u_t  # (K,C,n)
         leverage = shrink @ u2_t + 1.0 / n  # (K,1,n)
         loo = yc - (yc - fitted) / (1.0 - leverage).clamp_min(1e-6)
@@ -104,6 +104,6 @@ def fit_ridge(
         best_score = torch.where(better, sc, best_score)
         best_lam = torch.where(better.unsqueeze(-1), lam, best_lam)
         best_alpha = torch.where(better, torch.as_tensor(alpha, device=x.device), best_alpha)
-    coef = (s / (s2 + best_lam)).unsqueeze(1)  # (K,1,r)
+    coef = torch.where(s > 0, s / (s2 + best_lam), 0).unsqueeze(1)  # (K,1,r)
     weights = ((y_u * coef) @ v.transpose(1, 2)).transpose(1, 2)  # (K,D,C), a view of (K,C,D)
     return RidgeFit(mean, scale, weights, y_bar.expand(k, *y_bar.shape[-2:]).transpose(1, 2), best_alpha, (u, s, v))

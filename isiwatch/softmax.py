@@ -49,9 +49,9 @@ def _preconditioned(grad: tuple[Tensor, Tensor], p: Tensor, curvature: Tensor, l
     eigval = eigval.clamp_min(0).unsqueeze(-1)  # (K,C,1)
     basis = eigvec.transpose(1, 2)
     coef = eigvec @ ((basis @ grad[0]) / (eigval * curvature + lam))
-    # the intercept is not penalised: W̄'s null direction (equal logits for every class) gets no step
-    flat = eigval <= 1e-6 * eigval[:, -1:]
-    bias = eigvec @ torch.where(flat, 0.0, (basis @ grad[1]) / eigval.clamp_min(1e-30))
+    # the intercept is not penalised; damping its curvature by lam too keeps the step finite where a class's
+    # probability vanishes (a class absent from the training split: its logit falls without bound)
+    bias = eigvec @ ((basis @ grad[1]) / (eigval + lam))
     return coef, bias
 
 

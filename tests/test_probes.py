@@ -128,3 +128,18 @@ def test_softmax_refinement_reaches_the_logistic_regression_optimum(digits_featu
         clf = LogisticRegression(tol=1e-10, max_iter=10_000).fit(xs[k], y.numpy())
         best = objective(xs[k] @ clf.coef_.T + clf.intercept_, clf.coef_)
         assert ours - best <= 2e-3, (k, ours, best)
+
+
+def test_a_constant_feature_set_predicts_the_majority_class_and_leaves_the_others_alone():
+    """A layer whose features do not vary (zero tokens, a collapsed block) has no direction to fit: its probe
+    predicts the most frequent training class, finite, and the other problems of the same batched solve keep
+    their accuracy (with too few images for some class to reach the training split)."""
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.cat([torch.arange(10).repeat(5), torch.zeros(14, dtype=torch.long)])
+    informative = torch.nn.functional.one_hot(labels, 10).float() * 4 + torch.randn(64, 10, generator=gen)
+    features = torch.stack([informative, torch.zeros(64, 10), informative])
+    train, test = split_indices(64, 0.7, seed=0)
+    acc = probe_accuracy(features, labels, train, test)
+    majority = torch.bincount(labels[train]).argmax()
+    assert acc[1].item() == pytest.approx((labels[test] == majority).float().mean().item())
+    assert acc[0].item() == acc[2].item() > 0.9
