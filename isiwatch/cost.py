@@ -1,9 +1,9 @@
-"""What a model costs to run: parameters, FLOPs (``torch.utils.flop_counter``) and measured latency
-(``torch.utils.benchmark``)."""
+"""What a model costs to run: parameters, FLOPs (``torch.utils.flop_counter``) and measured latency."""
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Mapping
 
 import torch
@@ -40,24 +40,33 @@ def forward_flops(model: nn.Module, images: Tensor) -> int:
             p.requires_grad_(flag)
 
 
+def _seconds(model: nn.Module, x: Tensor) -> float:
+    """Wall time of one forward, with the device synchronised before and after on CUDA."""
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+    start = time.perf_counter()
+    model(x)
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+    return time.perf_counter() - start
+
+
 @torch.no_grad()
 def measure_latency(models: Mapping[str, nn.Module], images: Tensor, *, warmup: int = 3,
                     rounds: int = 20) -> dict[str, float]:
-    """Median wall time in milliseconds of one eval-mode forward pass over ``images`` for each model, timed with
-    ``torch.utils.benchmark.Timer`` (CUDA synchronised, the current torch thread count).
+    """Median wall time in milliseconds of one eval-mode forward pass over ``images`` for each model, at the
+    current torch thread count (CUDA synchronised).
 
     The models are interleaved (every round times each once, in a rotating order) so that load from other
     processes, clock changes and cache effects fall on all of them alike; ``warmup`` untimed rounds first.
+    Timed with ``time.perf_counter`` around single calls: ``torch.utils.benchmark.Timer`` adds nothing to one
+    call and imports torch's C++-extension tooling, which prints a CUDA_HOME notice on machines without CUDA.
     """
-    from torch.utils.benchmark import Timer  # imports torch's C++-extension tooling: only when timing
-
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     names = list(models)
     modes = {name: m.training for name, m in models.items()}
-    threads = torch.get_num_threads()
-    timers = {name: Timer("model(x)", globals={"model": m, "x": images.to(next(m.parameters()).device)},
-                          num_threads=threads, label=name) for name, m in models.items()}
+    inputs = {name: images.to(next(m.parameters()).device) for name, m in models.items()}
     times: dict[str, list[float]] = {name: [] for name in names}
     try:
         for m in models.values():
@@ -65,7 +74,7 @@ def measure_latency(models: Mapping[str, nn.Module], images: Tensor, *, warmup: 
         for r in range(warmup + rounds):
             for k in range(len(names)):
                 name = names[(r + k) % len(names)]
-                seconds = timers[name].timeit(1).median
+                seconds = _seconds(models[name], inputs[name])
                 if r >= warmup:
                     times[name].append(seconds * 1e3)
     finally:

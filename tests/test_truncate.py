@@ -342,6 +342,35 @@ def test_cost_helpers():
     assert set(latency) == {"a", "b"} and all(v > 0 for v in latency.values())
 
 
+class _Sleeps(torch.nn.Module):
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        import time
+
+        time.sleep(self.seconds)
+        return x
+
+
+def test_measure_latency_times_each_model_and_stays_quiet():
+    """A model that sleeps 20 ms reads about 20 ms slower than one that sleeps 1 ms, and timing imports none of
+    torch's C++-extension tooling (whose import prints a CUDA_HOME notice on machines with a CUDA folder and no
+    GPU: it used to appear in every `isiwatch truncate`)."""
+    import subprocess
+    import sys
+
+    latency = measure_latency({"slow": _Sleeps(0.02), "fast": _Sleeps(0.001)}, torch.zeros(1), warmup=1, rounds=3)
+    assert 15 < latency["slow"] - latency["fast"] < 60, latency
+    code = ("import sys, torch; from isiwatch.cost import measure_latency; "
+            "measure_latency({'a': torch.nn.Linear(4, 2)}, torch.zeros(1, 4), warmup=1, rounds=2); "
+            "print('torch.utils.cpp_extension' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False" and out.stderr == "", out
+
+
 def test_train_classifier_stops_at_max_steps_and_rejects_unknown_schedules():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 10))
     x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
