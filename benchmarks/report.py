@@ -295,6 +295,11 @@ def noise(pair: list | tuple) -> str:
     return "ahead" if mean > 0 else "behind"
 
 
+def probe_stage(ms: float) -> str:
+    """The probe stage as the difference of two medians: below zero it is smaller than the timing noise."""
+    return f"{ms:,.0f} ms" if ms >= 0 else f"below the timing noise ({ms:,.0f} ms)"
+
+
 @needs("analyze/analyze.json", "Offline analysis (`benchmarks/bench_analyze.py`)",
        "python benchmarks/bench_analyze.py")
 def analyze_cost(data: dict) -> list[str]:
@@ -310,7 +315,7 @@ def analyze_cost(data: dict) -> list[str]:
         lines.append(f"| {b['name']}, {b['images']:,} images | {b['plain_ms']:,.0f} ms (1.00×) | "
                      f"{b['metrics_ms']:,.0f} ms (**{b['metrics_ms'] / b['plain_ms']:.2f}×**) | "
                      f"{b['analyze_ms']:,.0f} ms ({b['analyze_ms'] / b['plain_ms']:.2f}×) | "
-                     f"{b['analyze_ms'] - b['metrics_ms']:,.0f} ms | {naive} |")
+                     f"{probe_stage(b['analyze_ms'] - b['metrics_ms'])} | {naive} |")
     for b in data["benches"]:
         if "probe_ours" in b:
             lines += ["", f"Probes alone on {b['name']}: isiwatch's batched solve {b['probe_ours_ms']:,.0f} ms "
