@@ -7,8 +7,9 @@ SVD basis of the standardised training features, where the Gram matrix is diagon
 the Kronecker-factored Hessian ``diag(s²/n) ⊗ W̄ + λ`` (W̄: the softmax covariance ``diag(p) − ppᵀ`` averaged over
 the training rows, C×C), inverted through W̄'s eigendecomposition; directions combine Polak–Ribière style, and
 each problem moves along its own direction by the exact one-dimensional Newton step (slope over curvature of the
-objective along it, capped at :data:`MAX_STEP`). A fixed number of steps, no per-problem branch, no host–device
-synchronisation. Tensors are class-major, (K,C,n): with few classes, products with n columns are several times
+objective along it, capped at :data:`MAX_STEP`). A fixed number of steps and no per-problem branch; on CUDA the
+only host–device synchronisation is each step's batched C×C ``eigh`` checking its result (one per step for all
+problems, never per layer). Tensors are class-major, (K,C,n): with few classes, products with n columns are several times
 faster than products with C columns.
 """
 
