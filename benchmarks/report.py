@@ -382,6 +382,9 @@ SECTIONS: list[Callable[[Path], list[str]]] = [
     rendered("Probe stage vs logistic regression", "bench_probes.py", "probes/probes.json",
              "python benchmarks/bench_probes.py"),
     rendered("Monitor overhead", "bench_watch.py", "watch/watch.json", "python benchmarks/bench_watch.py"),
+    rendered("Monitor overhead with 128 probe images", "bench_watch.py", "watch/watch_128.json",
+             "python benchmarks/bench_watch.py --probe-images 128 --threads 1 --out "
+             "benchmarks/results/watch/watch_128.json"),
     demo,
     startup,
     contention,

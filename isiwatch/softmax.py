@@ -9,8 +9,8 @@ the training rows, C×C), inverted through W̄'s eigendecomposition; directions 
 each problem moves along its own direction by the exact one-dimensional Newton step (slope over curvature of the
 objective along it, capped at :data:`MAX_STEP`). A fixed number of steps and no per-problem branch; on CUDA the
 only host–device synchronisation is each step's batched C×C ``eigh`` checking its result (one per step for all
-problems, never per layer). Tensors are class-major, (K,C,n): with few classes, products with n columns are several times
-faster than products with C columns.
+problems, never per layer). Tensors are class-major, (K,C,n): with few classes, products with n columns are
+several times faster than products with C columns.
 """
 
 from __future__ import annotations
