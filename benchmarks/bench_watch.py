@@ -22,6 +22,7 @@ from machine import machine
 from prometheus_client import CollectorRegistry
 
 from isiwatch import Watch
+from isiwatch.cost import measure_latency
 from isiwatch.data import DIGITS_TRAIN, embedded_digits
 from isiwatch.files import write_json
 from isiwatch.threads import add_threads_argument, current_load, set_torch_threads
@@ -46,24 +47,6 @@ def run(model, optimizer, x, y, steps, start_step, device, watch=None, batch=128
     if device == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - begin
-
-
-@torch.no_grad()
-def plain_forward_s(model, images, device, repeats=3):
-    """Median wall time of one eval-mode forward of ``images`` without hooks; the model's mode is restored."""
-    was_training = model.training
-    model.eval()
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        model(images)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    model.train(was_training)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -107,7 +90,8 @@ def main() -> None:
     for r in range(args.rounds):
         plain_times.append(run(plain_model, opts[0], x, y, args.steps, step, args.device, batch=batch))
         watched_times.append(run(watched_model, opts[1], x, y, args.steps, step, args.device, watch, batch))
-        forward_times.append(plain_forward_s(plain_model, probe_on_device, args.device))
+        forward_times.append(measure_latency({"plain": plain_model}, probe_on_device, warmup=0,
+                                             rounds=3)["plain"] / 1e3)
         step += args.steps
         print(f"round {r + 1}: plain {plain_times[-1]:.2f} s, watched {watched_times[-1]:.2f} s")
     samples = [s.duration_s for s in watch.history]
