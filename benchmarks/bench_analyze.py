@@ -30,13 +30,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from machine import machine  # noqa: E402
 
 import isiwatch  # noqa: E402
-from isiwatch.checkpoint import load_checkpoint  # noqa: E402
-from isiwatch.data import DIGITS_TRAIN, embedded_digits  # noqa: E402
-from isiwatch.files import write_json  # noqa: E402
-from isiwatch.models import build_model  # noqa: E402
-from isiwatch.probes import probe_accuracy, split_indices  # noqa: E402
-from isiwatch.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
-from isiwatch.training import make_digits_vit, train_classifier  # noqa: E402
+from isiwatch._utils.files import write_json  # noqa: E402
+from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
+from isiwatch.io.checkpoint import load_checkpoint  # noqa: E402
+from isiwatch.io.data import DIGITS_TRAIN, embedded_digits  # noqa: E402
+from isiwatch.io.models import build_model  # noqa: E402
+from isiwatch.measure.probes import probe_accuracy, split_indices  # noqa: E402
+from isiwatch.truncation.healing import make_digits_vit, train_classifier  # noqa: E402
 
 RESULT = Path(__file__).parent / "results" / "analyze" / "analyze.json"
 

@@ -2,7 +2,7 @@
 
 The demo ViT trains for ``--steps`` steps (batch 128) three times: alone with the rule's threads (the
 baseline), then next to ``--busy`` processes that each keep one core busy, once with one torch thread per
-core (torch's default) and once with :func:`isiwatch.threads.choose_threads` for the load they create.
+core (torch's default) and once with :func:`isiwatch._utils.threads.choose_threads` for the load they create.
 A machine shared with k busy processes can at best give training (cores − k) / cores of its cores, so
 proportional degradation is a slowdown of about cores / (cores − k); OpenMP threads spin-waiting on
 cores they do not get show up as a much larger one.
@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from machine import machine
 
-from isiwatch.data import DIGITS_TRAIN, embedded_digits
-from isiwatch.threads import choose_threads, usable_cpus
-from isiwatch.training import make_digits_vit
+from isiwatch._utils.threads import choose_threads, usable_cpus
+from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.truncation.healing import make_digits_vit
 
 RESULT = Path(__file__).parent / "results" / "contention" / "contention.json"
 

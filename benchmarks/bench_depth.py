@@ -7,7 +7,7 @@ model its held-out accuracy, training time and steps, parameters and FLOPs (forw
 training step's forward + backward at batch 128, both counted by ``torch.utils.flop_counter``), and the
 ``isiwatch.analyze`` output on two probe sets (1,000 training images, and the held-out images) as
 ``analysis.json`` files, and the boundary distances between all block boundaries (cosine and angle,
-``isiwatch.boundary_distances``) on 512 training images, so that any depth rule can be re-scored later
+``isiwatch.measure.boundary_distances``) on 512 training images, so that any depth rule can be re-scored later
 without retraining (``benchmarks/score_depth_rules.py``).
 
 "Needed depth" of a task: the smallest depth whose mean held-out accuracy is within 1 point of the best
@@ -39,12 +39,12 @@ from bench_truncate import step_flops  # noqa: E402
 from depth_tasks import TASKS, Task, load_task  # noqa: E402
 from machine import machine  # noqa: E402
 
-from isiwatch.analysis import analyze  # noqa: E402
-from isiwatch.boundary_distances import boundary_distances  # noqa: E402
-from isiwatch.cost import count_parameters, forward_flops  # noqa: E402
-from isiwatch.files import write_json  # noqa: E402
-from isiwatch.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
-from isiwatch.training import accuracy, make_digits_vit, train_classifier  # noqa: E402
+from isiwatch._utils.files import write_json  # noqa: E402
+from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
+from isiwatch.measure.analysis import analyze  # noqa: E402
+from isiwatch.measure.boundary_distances import boundary_distances  # noqa: E402
+from isiwatch.truncation.cost import count_parameters, forward_flops  # noqa: E402
+from isiwatch.truncation.healing import accuracy, make_digits_vit, train_classifier  # noqa: E402
 
 BATCH, LR = 128, 3e-3
 PROBE_IMAGES = 1000

@@ -1,7 +1,7 @@
 """Probe accuracy against scikit-learn's LogisticRegression, and the probe stage's cost, in one run.
 
 For each model: every block's [CLS] and mean-patch features on held-out images, the probes of
-``isiwatch.probes.probe_accuracy`` (ridge + softmax refinement) and ridge alone (``softmax_steps=0``), one
+``isiwatch.measure.probes.probe_accuracy`` (ridge + softmax refinement) and ridge alone (``softmax_steps=0``), one
 ``LogisticRegression(max_iter=2000)`` per layer and kind on the same standardised split; the per-layer gaps
 (points, ours − sklearn) and the median probe-stage time of both variants, interleaved. Models: the demo ViT
 (depth 12, width 64) trained on the embedded digits, and a random-init ViT-S/16 at 224 px on the digits
@@ -25,14 +25,14 @@ import torch.nn.functional as F
 from machine import machine
 from sklearn.linear_model import LogisticRegression
 
-from isiwatch.checkpoint import load_checkpoint
-from isiwatch.data import DIGITS_TRAIN, embedded_digits
-from isiwatch.files import write_json
-from isiwatch.models import build_model
-from isiwatch.probes import probe_accuracy, split_indices
-from isiwatch.softmax import SOFTMAX_STEPS
-from isiwatch.threads import add_threads_argument, current_load, set_torch_threads
-from isiwatch.training import make_digits_vit, train_classifier
+from isiwatch._utils.files import write_json
+from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads
+from isiwatch.io.checkpoint import load_checkpoint
+from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.io.models import build_model
+from isiwatch.measure.probes import probe_accuracy, split_indices
+from isiwatch.measure.softmax import SOFTMAX_STEPS
+from isiwatch.truncation.healing import make_digits_vit, train_classifier
 
 RESULTS = Path(__file__).parent / "results" / "probes" / "probes.json"
 

@@ -1,4 +1,4 @@
-"""Token-specialised norms / QKV (``isiwatch.specialize``) on the embedded digits: does the remedy help?
+"""Token-specialised norms / QKV (``isiwatch.specialization.convert``) on the embedded digits: does the remedy help?
 
 For each seed, four variants start from the same initial weights (``make_digits_vit(seed)``, then
 ``specialize``) and train with the same data order, schedule and number of steps:
@@ -10,7 +10,7 @@ blocks) and ``norms+lora`` (plus a rank-8 LoRA QKV update there). Reported on th
   patch's final token (``forward_features``, after the final norm). Ink density = mean raw pixel
   intensity in [0, 1] of the patch; bins ``blank < 0.05 ≤ light < 0.17 ≤ medium < 0.33 ≤ dense`` (the
   non-blank edges are the tertiles of the training patches; blank is 53 % of patches). Closed-form ridge
-  (``isiwatch.ridge.fit_ridge``) on the 64,000 training-image patches, regulariser by leave-one-out,
+  (``isiwatch.measure.ridge.fit_ridge``) on the 64,000 training-image patches, regulariser by leave-one-out,
   scored on the 16,000 held-out patches; a probe on the patch position alone is the floor;
 - ``norm_friction`` per block (``isiwatch.analyze`` on 500 held-out digits), max over blocks;
 - parameter and FLOP overhead (``torch.utils.flop_counter.FlopCounterMode``, one image) on the benched
@@ -39,12 +39,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from machine import machine  # noqa: E402
 
 from isiwatch import analyze  # noqa: E402
-from isiwatch.data import DIGITS_TRAIN, MNIST_MEAN, MNIST_STD, embedded_digits  # noqa: E402
-from isiwatch.files import write_json  # noqa: E402
-from isiwatch.ridge import accuracy_score, fit_ridge  # noqa: E402
-from isiwatch.specialize import parameter_overhead, specialize  # noqa: E402
-from isiwatch.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
-from isiwatch.training import accuracy, make_digits_vit, train_classifier  # noqa: E402
+from isiwatch._utils.files import write_json  # noqa: E402
+from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
+from isiwatch.io.data import DIGITS_TRAIN, MNIST_MEAN, MNIST_STD, embedded_digits  # noqa: E402
+from isiwatch.measure.ridge import accuracy_score, fit_ridge  # noqa: E402
+from isiwatch.specialization.convert import parameter_overhead, specialize  # noqa: E402
+from isiwatch.truncation.healing import accuracy, make_digits_vit, train_classifier  # noqa: E402
 
 RESULT = Path(__file__).parent / "results" / "specialize" / "specialize.json"
 VARIANTS = {

@@ -33,14 +33,14 @@ import torch.nn.functional as F
 from machine import machine
 from scipy import stats
 
-from isiwatch.analysis import analyze
-from isiwatch.boundary_distances import boundary_distances
-from isiwatch.cost import count_flops, count_parameters, forward_flops, measure_latency
-from isiwatch.data import DIGITS_TRAIN, embedded_digits
-from isiwatch.phases import Phases
-from isiwatch.threads import add_threads_argument, current_load, set_torch_threads
-from isiwatch.training import accuracy, make_digits_vit, predict, train_classifier
-from isiwatch.truncate import (
+from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads
+from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.measure.analysis import analyze
+from isiwatch.measure.boundary_distances import boundary_distances
+from isiwatch.measure.phases import Phases
+from isiwatch.truncation.cost import count_flops, count_parameters, forward_flops, measure_latency
+from isiwatch.truncation.healing import accuracy, make_digits_vit, predict, train_classifier
+from isiwatch.truncation.truncate import (
     HEAL_EPOCHS,
     HEAL_LR,
     STRATEGIES,

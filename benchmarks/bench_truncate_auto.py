@@ -3,9 +3,10 @@
 For the deepest models of the depth sweep (``bench_depth.py``; default 24 blocks, both tasks, seeds 0–2),
 read from the sweep's ``--work`` folder:
 
-- ``auto``: :func:`isiwatch.truncate.auto_cut` with ``--max-drop`` 1 point and the default budget, choosing on
+- ``auto``: :func:`isiwatch.truncation.truncate.auto_cut` with ``--max-drop`` 1 point and the
+  default budget, choosing on
   the validation half of the held-out images;
-- every fixed strategy (``recommended``: exactly the blocks :func:`isiwatch.depth.recommend_depth` keeps;
+- every fixed strategy (``recommended``: exactly the blocks :func:`isiwatch.measure.depth.recommend_depth` keeps;
   ``bi``, ``angular``, ``tail``, ``random``, and ``plateau`` where the curve has one) cut to the recommended
   depth K and healed with the library's budget;
 - ``scratch``: a K-block ViT trained from scratch with the sweep's recipe for as many steps as make its
@@ -38,15 +39,15 @@ from bench_truncate import step_flops  # noqa: E402
 from depth_tasks import TASKS, load_task  # noqa: E402
 from machine import machine  # noqa: E402
 
-from isiwatch.analysis import analyze  # noqa: E402
-from isiwatch.boundary_distances import boundary_distances  # noqa: E402
-from isiwatch.cost import count_parameters, forward_flops, measure_latency  # noqa: E402
-from isiwatch.cut_search import DEFAULT_BUDGET, DEFAULT_MAX_DROP  # noqa: E402
-from isiwatch.depth import recommend_depth  # noqa: E402
-from isiwatch.files import write_json  # noqa: E402
-from isiwatch.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
-from isiwatch.training import accuracy, train_classifier  # noqa: E402
-from isiwatch.truncate import (  # noqa: E402
+from isiwatch._utils.files import write_json  # noqa: E402
+from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
+from isiwatch.measure.analysis import analyze  # noqa: E402
+from isiwatch.measure.boundary_distances import boundary_distances  # noqa: E402
+from isiwatch.measure.depth import recommend_depth  # noqa: E402
+from isiwatch.truncation.cost import count_parameters, forward_flops, measure_latency  # noqa: E402
+from isiwatch.truncation.healing import accuracy, train_classifier  # noqa: E402
+from isiwatch.truncation.strategies import DEFAULT_BUDGET, DEFAULT_MAX_DROP  # noqa: E402
+from isiwatch.truncation.truncate import (  # noqa: E402
     HEAL_EPOCHS,
     auto_cut,
     choose_blocks,

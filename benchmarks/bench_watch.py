@@ -22,11 +22,11 @@ from machine import machine
 from prometheus_client import CollectorRegistry
 
 from isiwatch import Watch
-from isiwatch.cost import measure_latency
-from isiwatch.data import DIGITS_TRAIN, embedded_digits
-from isiwatch.files import write_json
-from isiwatch.threads import add_threads_argument, current_load, set_torch_threads
-from isiwatch.training import make_digits_vit
+from isiwatch._utils.files import write_json
+from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads
+from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.truncation.cost import measure_latency
+from isiwatch.truncation.healing import make_digits_vit
 
 RESULT = Path(__file__).parent / "results" / "watch" / "watch.json"
 

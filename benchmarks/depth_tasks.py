@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from isiwatch.data import DIGITS_TRAIN, embedded_digits
-from isiwatch.truncate import Split
+from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.truncation.truncate import Split
 
 TASKS = ("digits", "max_pair")
 PAIRS_TRAIN, PAIRS_HELD_OUT = 8000, 2000
@@ -25,7 +25,7 @@ PAIRS_TRAIN, PAIRS_HELD_OUT = 8000, 2000
 
 @dataclass
 class Task(Split):
-    """A truncate :class:`~isiwatch.truncate.Split` with the task's name and the timm ViT kwargs (besides
+    """A truncate :class:`~isiwatch.truncation.truncate.Split` with the task's name and the timm ViT kwargs (besides
     depth and width) its images need."""
 
     name: str = ""

@@ -31,11 +31,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_families import HF, TIMM, TINY, hf_reference, make_hf, make_timm, timm_reference  # noqa: E402
 
 import isiwatch  # noqa: E402
-from isiwatch.checkpoint import save_checkpoint  # noqa: E402
-from isiwatch.pretrained_dir import save_pretrained_dir  # noqa: E402
+from isiwatch._utils.threads import add_threads_argument, set_torch_threads  # noqa: E402
+from isiwatch.io.checkpoint import save_checkpoint  # noqa: E402
+from isiwatch.io.pretrained_dir import save_pretrained_dir  # noqa: E402
 from isiwatch.taps import vit_parts  # noqa: E402
-from isiwatch.threads import add_threads_argument, set_torch_threads  # noqa: E402
-from isiwatch.truncate import cut_vit, heal  # noqa: E402
+from isiwatch.truncation.truncate import cut_vit, heal  # noqa: E402
 
 RESULT = ROOT / "benchmarks" / "results" / "families" / "coverage.json"
 README = ROOT / "README.md"

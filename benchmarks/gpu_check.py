@@ -36,11 +36,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import isiwatch
-from isiwatch.cost import measure_latency
-from isiwatch.data import embedded_digits
-from isiwatch.files import write_json
-from isiwatch.threads import add_threads_argument, set_torch_threads
-from isiwatch.truncate import cut_vit
+from isiwatch._utils.files import write_json
+from isiwatch._utils.threads import add_threads_argument, set_torch_threads
+from isiwatch.io.data import embedded_digits
+from isiwatch.truncation.cost import measure_latency
+from isiwatch.truncation.truncate import cut_vit
 
 
 @dataclass(frozen=True)

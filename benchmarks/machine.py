@@ -10,7 +10,7 @@ import platform
 
 import torch
 
-from isiwatch.threads import current_load, usable_cpus
+from isiwatch._utils.threads import current_load, usable_cpus
 
 
 def cpu_model() -> str:

@@ -121,7 +121,8 @@ def rule_scores(scores: dict) -> list[str]:
     curve_rules = [n for n in table if n.startswith("probe_knee") or n == "token_similarity_plateau"]
     over = span([table[n]["train"]["mean_error"] for n in curve_rules], "{:.1f}")
     return ["### Which signal predicts the needed depth?", "",
-            "Every rule of `isiwatch.depth.RULES`, plus the Gromov angular-distance rule at three thresholds (it "
+            "Every rule of `isiwatch.measure.depth.RULES`, plus the Gromov angular-distance rule at three thresholds "
+            "(it "
             f"needs the boundary distances), applied to the {len(train_rows)} models with ≥ {scores['min_depth']} "
             "blocks of both tasks; error = the depth the rule leaves − the needed depth, mean over models. The "
             "thresholds of `block_influence_*` and `angular_*` are a fixed grid chosen before the sweep; picking "
@@ -162,7 +163,7 @@ def truncate_auto(data: dict) -> list[str]:
            f"--threads {args['threads']}` for the latency columns. Output: "
            "`benchmarks/results/truncate_auto/truncate_auto.json`. Machine of the latency run: "
            f"{describe(data.get('machine'))}.", "",
-           f"For each {depth}-block sweep model: **auto** (`isiwatch.truncate.auto_cut`, `--max-drop` "
+           f"For each {depth}-block sweep model: **auto** (`isiwatch.truncation.truncate.auto_cut`, `--max-drop` "
            f"{float(args['max_drop']):g} point, budget {args['budget']}, choosing on the validation half of the "
            "held-out images); each fixed strategy cut to the recommended depth K (`recommended` = exactly the "
            "blocks `recommend_depth` keeps) and healed with the library's budget; and **scratch**, a K-block model "
@@ -338,7 +339,8 @@ def analyze_cost(data: dict) -> list[str]:
 def demo(data: dict) -> list[str]:
     return ["## The demo (`benchmarks/bench_demo.py`)", "",
             f"Command: `python benchmarks/bench_demo.py`. Machine: {describe(data.get('machine'))}. Each run in a "
-            "fresh process, torch threads chosen by `isiwatch.threads`.", "", "| command | wall time |", "|---|---|",
+            "fresh process, torch threads chosen by `isiwatch._utils.threads`.",
+            "", "| command | wall time |", "|---|---|",
             *(f"| `isiwatch {name}` | {value:.0f} s |" for name, value in data["seconds"].items()), ""]
 
 

@@ -2,7 +2,7 @@
 
 Reads ``benchmarks/results/depth/sweep.json`` (needed depth per task) and the committed analyses of every
 model with at least ``--min-depth`` blocks (both tasks, all seeds, both probe sets), applies each rule of
-``isiwatch.depth.RULES`` (plus the Gromov angular-distance rules, which need the boundary distances) and
+``isiwatch.measure.depth.RULES`` (plus the Gromov angular-distance rules, which need the boundary distances) and
 reports, per rule and probe set, the mean absolute and mean signed error of ``depth − dropped blocks``
 against the task's needed depth. A rule without a signal keeps every block. The thresholds of the
 ``block_influence_*`` and ``angular_*`` rules are a small fixed grid, so the best of them is chosen on the
@@ -18,9 +18,9 @@ import json
 import statistics
 from pathlib import Path
 
-from isiwatch.analysis import Analysis
-from isiwatch.depth import DEFAULT_RULES, candidate_drops, recommend_depth
-from isiwatch.files import write_json
+from isiwatch._utils.files import write_json
+from isiwatch.measure.analysis import Analysis
+from isiwatch.measure.depth import DEFAULT_RULES, candidate_drops, recommend_depth
 
 RESULTS = Path(__file__).parent / "results" / "depth"
 ANGLE_THRESHOLDS = (0.05, 0.1, 0.15)

@@ -11,11 +11,11 @@ import lightning.pytorch as pl
 import timm
 import torch
 import torch.nn.functional as F
-from isiwatch.integrations.lightning import ISIWatchCallback
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from isiwatch.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.integrations.lightning import ISIWatchCallback
+from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
 
 
 class DigitsViT(pl.LightningModule):

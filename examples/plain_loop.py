@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import isiwatch
-from isiwatch.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
 
 
 def main() -> None:

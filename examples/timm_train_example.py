@@ -14,7 +14,7 @@ from timm.scheduler import create_scheduler_v2
 from timm.task import ClassificationTask
 from torch.utils.data import DataLoader, TensorDataset
 
-from isiwatch.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
 
 
 def main() -> None:

@@ -9,10 +9,10 @@ alerts.jsonl); log_summary=True adds a small summary to the Trainer's own log ro
 import argparse
 
 import torch
-from isiwatch.integrations.transformers import ISIWatchCallback, add_callback
 from transformers import Trainer, TrainingArguments, ViTConfig, ViTForImageClassification
 
-from isiwatch.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.integrations.transformers import ISIWatchCallback, add_callback
+from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
 
 
 def main() -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 import timm
 import torch
 
-from isiwatch.checkpoint import load_checkpoint, save_checkpoint
-from isiwatch.data import DIGITS_TRAIN, embedded_digits
-from isiwatch.training import DIGITS_VIT_ARCH, make_digits_vit, train_classifier
-from isiwatch.truncate import candidates_table, report_table, truncate
+from isiwatch.io.checkpoint import load_checkpoint, save_checkpoint
+from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
+from isiwatch.truncation.healing import DIGITS_VIT_ARCH, make_digits_vit, train_classifier
+from isiwatch.truncation.truncate import candidates_table, report_table, truncate
 
 
 def train_small_vit(path: Path, epochs: int) -> Path:

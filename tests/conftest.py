@@ -3,7 +3,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # also what isiwatch.threads honours (the demo)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # also what isiwatch._utils.threads honours (the demo)
 
 import torch  # noqa: E402
 

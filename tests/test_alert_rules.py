@@ -2,9 +2,9 @@
 
 import math
 
-from isiwatch.alerts import AlertEngine, AlertRules
-from isiwatch.phases import Phases, PlateauTracker
-from isiwatch.sample import Sample
+from isiwatch.measure.phases import Phases, PlateauTracker
+from isiwatch.watch.alerts import AlertEngine, AlertRules
+from isiwatch.watch.sample import Sample
 
 
 def sample(step, layers, loss=None, phases=None):

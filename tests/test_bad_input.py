@@ -14,8 +14,8 @@ import timm
 import torch
 from click.testing import CliRunner
 
-from isiwatch.checkpoint import save_checkpoint
-from isiwatch.cli import main
+from isiwatch.cli.commands import main
+from isiwatch.io.checkpoint import save_checkpoint
 
 KWARGS = {"img_size": 28, "patch_size": 7, "in_chans": 1, "num_classes": 10, "embed_dim": 32, "depth": 2,
           "num_heads": 2}

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from isiwatch.depth import RULES
+from isiwatch.measure.depth import RULES
 
 BENCH = Path(__file__).parent.parent / "benchmarks"
 

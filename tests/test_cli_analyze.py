@@ -14,13 +14,13 @@ from click.testing import CliRunner
 from PIL import Image
 from safetensors.torch import save_file
 
-from isiwatch.analysis import Analysis
-from isiwatch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from isiwatch.cli import main
-from isiwatch.depth import recommend_depth
-from isiwatch.model_images import resolve_normalization
-from isiwatch.models import build_model
-from isiwatch.offline import analyze_checkpoint
+from isiwatch.cli.commands import main
+from isiwatch.cli.offline import analyze_checkpoint
+from isiwatch.io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from isiwatch.io.model_images import resolve_normalization
+from isiwatch.io.models import build_model
+from isiwatch.measure.analysis import Analysis
+from isiwatch.measure.depth import recommend_depth
 
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=4, num_heads=2)
 
@@ -257,7 +257,7 @@ def test_malformed_checkpoints_are_named_one_line_errors(vit, tmp_path):
 
 
 def test_analyze_writes_analysis_and_curves_together_or_not_at_all(vit, tmp_path, monkeypatch):
-    import isiwatch.offline as offline
+    import isiwatch.cli.offline as offline
 
     ckpt = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", KWARGS, vit.state_dict())
     real_plot = offline.plot_curves
@@ -354,7 +354,7 @@ def pngs(tmp_path):
 @pytest.fixture
 def probed(monkeypatch):
     """The probe images each analysis runs on."""
-    import isiwatch.offline
+    import isiwatch.cli.offline
 
     seen = []
 
@@ -362,8 +362,8 @@ def probed(monkeypatch):
         seen.append(x)
         return analyze_fn(model, x, *args, **kwargs)
 
-    analyze_fn = isiwatch.offline.analyze
-    monkeypatch.setattr(isiwatch.offline, "analyze", spy)
+    analyze_fn = isiwatch.cli.offline.analyze
+    monkeypatch.setattr(isiwatch.cli.offline, "analyze", spy)
     return seen
 
 

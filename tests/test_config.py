@@ -5,8 +5,8 @@ import torch
 from click.testing import CliRunner
 
 from isiwatch import Watch
-from isiwatch.cli import main
-from isiwatch.config import ConfigError, WatchOptions, build_options, load_yaml
+from isiwatch.cli.commands import main
+from isiwatch.watch.config import ConfigError, WatchOptions, build_options, load_yaml
 
 
 def write(tmp_path, text, name="isiwatch.yaml"):

@@ -17,13 +17,13 @@ from test_watch import tiny_vit
 
 import isiwatch
 from isiwatch import Watch
-from isiwatch.cli import main
-from isiwatch.data import embedded_digits
-from isiwatch.depth import recommend_depth
-from isiwatch.files import write_json
-from isiwatch.offline import analysis_record
-from isiwatch.report import read_run, write_report
-from isiwatch.tables import recommendation_text
+from isiwatch._utils.files import write_json
+from isiwatch.cli.commands import main
+from isiwatch.cli.offline import analysis_record
+from isiwatch.cli.report import read_run, write_report
+from isiwatch.io.data import embedded_digits
+from isiwatch.measure.depth import recommend_depth
+from isiwatch.measure.tables import recommendation_text
 
 SERVE_S = 3
 SERVED = {}  # what demo_run's scraper saw
@@ -216,7 +216,7 @@ def test_report_checks_every_input_before_writing_anything(run_copy, tmp_path, n
 
 
 def test_a_report_that_fails_while_writing_leaves_the_old_one(run_copy, tmp_path, monkeypatch):
-    import isiwatch.report as report_module
+    import isiwatch.cli.report as report_module
 
     assert report(run_copy, tmp_path / "r").exit_code == 0
     before = {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir()}

@@ -18,8 +18,8 @@ from test_truncate import one_thread  # noqa: F401  (autouse: one torch thread, 
 from test_watch import mixing_vit, set_middle_blocks
 
 from isiwatch import Watch
-from isiwatch.analysis import METRICS
-from isiwatch.data import embedded_digits
+from isiwatch.io.data import embedded_digits
+from isiwatch.measure.analysis import METRICS
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"

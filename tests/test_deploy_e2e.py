@@ -27,7 +27,7 @@ from test_truncate import one_thread  # noqa: F401  (autouse: one torch thread, 
 from test_watch import mixing_vit, set_middle_blocks
 
 from isiwatch import Watch
-from isiwatch.data import embedded_digits
+from isiwatch.io.data import embedded_digits
 
 RUN = "e2e"
 ALERT_TIMEOUT_S = 60

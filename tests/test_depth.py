@@ -2,8 +2,8 @@
 
 import pytest
 
-from isiwatch.analysis import Analysis
-from isiwatch.depth import RULES, candidate_drops, knee, recommend_depth
+from isiwatch.measure.analysis import Analysis
+from isiwatch.measure.depth import RULES, candidate_drops, knee, recommend_depth
 
 
 def analysis_of(**layers) -> Analysis:

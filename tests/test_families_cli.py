@@ -10,8 +10,8 @@ import transformers as hf
 from click.testing import CliRunner
 from test_families import HF, HF_SIZE, TIMM, TINY, make_hf, make_timm
 
-from isiwatch.checkpoint import save_checkpoint
-from isiwatch.cli import main
+from isiwatch.cli.commands import main
+from isiwatch.io.checkpoint import save_checkpoint
 from isiwatch.taps import vit_parts
 
 KWARGS = {k: v for k, v in TINY.items() if k != "pretrained"}

@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers as hf
-from isiwatch.integrations.lightning import ISIWatchCallback as LightningCallback
-from isiwatch.integrations.transformers import ISIWatchCallback as HFCallback
-from isiwatch.integrations.transformers import add_callback
 from test_families import HF, HF_SIZE, TIMM, make_hf, make_timm
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import isiwatch
+from isiwatch.integrations.lightning import ISIWatchCallback as LightningCallback
+from isiwatch.integrations.transformers import ISIWatchCallback as HFCallback
+from isiwatch.integrations.transformers import add_callback
 from isiwatch.taps import vit_parts
 
 CORE = ("attn_token_change", "attn_entropy", "isi", "token_similarity", "block_influence", "probe_patch_mean")
@@ -24,7 +24,7 @@ CORE = ("attn_token_change", "attn_entropy", "isi", "token_similarity", "block_i
 
 @pytest.fixture(scope="module")
 def digits():
-    from isiwatch.data import embedded_digits
+    from isiwatch.io.data import embedded_digits
 
     x, y = embedded_digits()
     return x[:128], y[:128], x[4000:4032], y[4000:4032]

@@ -11,10 +11,10 @@ import timm
 import torch
 from click.testing import CliRunner
 
-from isiwatch import files
-from isiwatch.checkpoint import load_checkpoint, save_checkpoint
-from isiwatch.cli import main
-from isiwatch.files import WriteError, atomic_files, atomic_write
+from isiwatch._utils import files
+from isiwatch._utils.files import WriteError, atomic_files, atomic_write
+from isiwatch.cli.commands import main
+from isiwatch.io.checkpoint import load_checkpoint, save_checkpoint
 
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=2)
 ARCH = "vit_tiny_patch16_224"
@@ -82,7 +82,7 @@ def test_a_failed_block_keeps_the_old_file(tmp_path):
 
 KILLED_WRITER = """
 import os, signal, sys
-from isiwatch.files import atomic_write
+from isiwatch._utils.files import atomic_write
 with atomic_write(sys.argv[1]) as fh:
     fh.write(b"x" * 3_000_000)
     fh.flush()

@@ -1,4 +1,4 @@
-"""The package's modules import each other only downward: the graph of intra-package imports has no cycle.
+"""The package's modules import each other only downward, layer by layer (``LAYERS``), and without cycles.
 
 Every ``import`` in a module counts, including those inside functions (a lazy import still couples the two
 modules); only ``if TYPE_CHECKING:`` blocks are left out, since they never run.
@@ -73,11 +73,66 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+#: The package's layers, lowest first. A module may import from its own layer and the layers before it, never
+#: from a later one; layers that share a rank (the watch and truncation, the command line and the integrations)
+#: are independent of each other.
+LAYERS: list[tuple[str, ...]] = [
+    ("isiwatch._utils",),
+    ("isiwatch.taps",),
+    ("isiwatch.specialization",),
+    ("isiwatch.io",),
+    ("isiwatch.measure",),
+    ("isiwatch.watch", "isiwatch.truncation"),
+    ("isiwatch.cli", "isiwatch.integrations"),
+]
+
+
+def layer_of(module: str) -> tuple[int, str] | None:
+    """(rank, layer package) of a module; None for the top-level ``isiwatch`` package (the public API)."""
+    for rank, packages in enumerate(LAYERS):
+        for package in packages:
+            if module == package or module.startswith(package + "."):
+                return rank, package
+    return None
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that goes up a layer or across to a sibling layer of the same rank."""
+    violations = []
+    for module, targets in graph.items():
+        here = layer_of(module)
+        for target in sorted(targets):
+            there = layer_of(target)
+            if here is None or there is None:
+                continue
+            if there[0] > here[0] or (there[0] == here[0] and there[1] != here[1]):
+                violations.append(f"{module} imports {target}")
+    return violations
+
+
 def test_the_graph_is_read_from_the_real_imports():
     graph = import_graph()
-    assert "isiwatch.checkpoint" in graph["isiwatch.models"] and "isiwatch.specialize" in graph["isiwatch.models"]
-    assert "isiwatch.truncate_report" in graph["isiwatch.report"]
-    assert "isiwatch.analysis" in graph["isiwatch.offline"]
+    assert {"isiwatch.io.checkpoint", "isiwatch.specialization.convert"} <= graph["isiwatch.io.models"]
+    assert "isiwatch.truncation.truncate_report" in graph["isiwatch.cli.report"]
+    assert "isiwatch.measure.analysis" in graph["isiwatch.cli.offline"]
+    assert "isiwatch.watch.monitor" in graph["isiwatch.integrations.common"]
+
+
+def test_every_module_belongs_to_a_layer():
+    unplaced = [m for m in import_graph() if m != "isiwatch" and layer_of(m) is None]
+    assert not unplaced, f"modules outside every layer (add them to LAYERS): {unplaced}"
+
+
+def test_layer_violations_are_found():
+    graph = {"isiwatch.io.data": {"isiwatch.measure.analysis"}, "isiwatch.watch.monitor": {"isiwatch.truncation.cost"},
+             "isiwatch.measure.depth": {"isiwatch.io.data", "isiwatch._utils.files"}}
+    assert layer_violations(graph) == ["isiwatch.io.data imports isiwatch.measure.analysis",
+                                       "isiwatch.watch.monitor imports isiwatch.truncation.cost"]
+
+
+def test_modules_import_only_from_lower_layers():
+    violations = layer_violations(import_graph())
+    assert not violations, "imports against the layer order:\n" + "\n".join(violations)
 
 
 def test_find_cycle_finds_a_planted_cycle():
@@ -92,6 +147,4 @@ def test_no_import_cycle_between_the_package_modules():
 
 def test_separated_concepts_stay_separated():
     graph = import_graph()
-    assert "isiwatch.specialize" not in graph["isiwatch.checkpoint"]  # reading files knows no model transformation
-    assert "isiwatch.truncate" not in graph["isiwatch.report"]
-    assert "isiwatch.offline" not in graph["isiwatch.truncate"]
+    assert "isiwatch.cli.offline" not in graph["isiwatch.truncation.truncate"]

@@ -25,7 +25,7 @@ def fresh_dynamo():
 
 
 def test_sampling_a_compiled_model_does_not_recompile(fresh_dynamo):
-    from isiwatch.data import embedded_digits
+    from isiwatch.io.data import embedded_digits
 
     x, y = embedded_digits()
     px, py = x[4000:4032], y[4000:4032]

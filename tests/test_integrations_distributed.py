@@ -46,7 +46,7 @@ def worker(rank, port, out):
 def run(rank, out, kind):
     """Trains a tiny ViT on this rank's batches of the digits; only rank 1 has a stop criterion (the loss
     falls below 100 after one warm-up sample), so rank 0 stops only by agreeing."""
-    from isiwatch.data import embedded_digits
+    from isiwatch.io.data import embedded_digits
 
     x, y = embedded_digits()
     torch.manual_seed(0)

@@ -8,10 +8,11 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from isiwatch.integrations.lightning import ISIWatchCallback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
+
+from isiwatch.integrations.lightning import ISIWatchCallback
 
 
 class DigitsViT(pl.LightningModule):
@@ -35,7 +36,7 @@ class DigitsViT(pl.LightningModule):
 
 @pytest.fixture(scope="module")
 def digits():
-    from isiwatch.data import embedded_digits
+    from isiwatch.io.data import embedded_digits
 
     x, y = embedded_digits()
     return TensorDataset(x[:256], y[:256]), x[4000:4048], y[4000:4048]

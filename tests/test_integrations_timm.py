@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import timm
 import torch
-from isiwatch.integrations.timm import probe_batch
 from PIL import Image
 from timm.data import Mixup, create_dataset, create_loader
 from timm.loss import SoftTargetCrossEntropy
@@ -19,7 +18,8 @@ from timm.scheduler import create_scheduler_v2
 from timm.task import ClassificationTask, resume_task_checkpoint
 from timm.utils import CheckpointSaver
 
-from isiwatch.data import MNIST_MEAN, MNIST_STD
+from isiwatch.integrations.timm import probe_batch
+from isiwatch.io.data import MNIST_MEAN, MNIST_STD
 
 
 @pytest.fixture(scope="module")

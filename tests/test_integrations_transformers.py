@@ -4,14 +4,15 @@ import json
 
 import pytest
 import torch
-from isiwatch.integrations.transformers import SUMMARY_SERIES, ISIWatchCallback, add_callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import Trainer, TrainingArguments, ViTConfig, ViTForImageClassification
+
+from isiwatch.integrations.transformers import SUMMARY_SERIES, ISIWatchCallback, add_callback
 
 
 @pytest.fixture(scope="module")
 def digits():
-    from isiwatch.data import embedded_digits
+    from isiwatch.io.data import embedded_digits
 
     x, y = embedded_digits()
     return [{"pixel_values": x[i], "labels": y[i]} for i in range(256)], x[4000:4048], y[4000:4048]

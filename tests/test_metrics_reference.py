@@ -196,7 +196,7 @@ def test_isi_recon_matches_the_papers_recipe(variant):
 def test_token_similarity_keeps_its_precision_when_tokens_collapse():
     """Tokens within 1e-4 of a large common centre (rank collapse, what the metric exists to see): the centred
     directions must be formed from z − centre, not from ‖z‖² − 2 z·centre + ‖centre‖², which cancels in fp32."""
-    from isiwatch.metrics import token_similarity
+    from isiwatch.measure.metrics import token_similarity
 
     torch.manual_seed(0)
     z = torch.randn(64) * 10 + 1e-4 * torch.randn(4, 17, 64)

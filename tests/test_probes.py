@@ -8,8 +8,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_probes import sklearn_accuracy  # noqa: E402  (the reference the benchmark scores against)
 
-from isiwatch.probes import probe_accuracy, split_indices
-from isiwatch.ridge import fit_ridge, neg_mse_score
+from isiwatch.measure.probes import probe_accuracy, split_indices
+from isiwatch.measure.ridge import fit_ridge, neg_mse_score
 
 
 def test_split_is_deterministic_and_disjoint():
@@ -70,8 +70,8 @@ def test_probe_accuracy_separates_informative_from_noise_features():
 @pytest.fixture(scope="module")
 def digits_features():
     """Per-block [CLS] and mean-patch features of a briefly trained 4-block digits ViT on 1,000 held-out digits."""
-    from isiwatch.data import DIGITS_TRAIN, embedded_digits
-    from isiwatch.training import make_digits_vit, train_classifier
+    from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
+    from isiwatch.truncation.healing import make_digits_vit, train_classifier
 
     images, labels = embedded_digits()
     model, _ = make_digits_vit(0, depth=4)
@@ -106,8 +106,8 @@ def test_softmax_refinement_reaches_the_logistic_regression_optimum(digits_featu
     the stated objective, not a cheaper neighbour of it."""
     from sklearn.linear_model import LogisticRegression
 
-    from isiwatch.ridge import accuracy_score
-    from isiwatch.softmax import fit_softmax
+    from isiwatch.measure.ridge import accuracy_score
+    from isiwatch.measure.softmax import fit_softmax
 
     feats, labels = digits_features
     train, _ = split_indices(len(labels), 0.7, seed=0)

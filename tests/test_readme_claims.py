@@ -16,8 +16,8 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from tensorboard.plugins.custom_scalar import layout_pb2
 
 from isiwatch import Watch
-from isiwatch.checkpoint import save_checkpoint
-from isiwatch.cli import main
+from isiwatch.cli.commands import main
+from isiwatch.io.checkpoint import save_checkpoint
 
 ARCH = "vit_tiny_patch16_224"
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=4, num_heads=2)
@@ -30,7 +30,7 @@ def tiny_vit():
 
 @pytest.fixture(scope="module")
 def probe():
-    from isiwatch.data import embedded_digits
+    from isiwatch.io.data import embedded_digits
 
     x, y = embedded_digits()
     return x[4000:4064], y[4000:4064]

@@ -1,25 +1,24 @@
-"""`isiwatch.specialize`: exact conversion, overhead, gradients, tappability and checkpoint round trips."""
+"""`isiwatch.specialization.convert`: exact conversion, overhead, gradients, tappability and checkpoint round trips."""
 
 import pytest
 import timm
 import torch
 
 import isiwatch
-from isiwatch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from isiwatch.friction import friction_alert
-from isiwatch.metrics import norm_friction
-from isiwatch.models import build_model, load_specialized
-from isiwatch.specialize import (
+from isiwatch.io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from isiwatch.io.models import build_model, load_specialized, save_specialized
+from isiwatch.measure.metrics import norm_friction
+from isiwatch.specialization.convert import (
     SpecializeOptions,
     parameter_overhead,
     parse_qkv_blocks,
     resolve_qkv_blocks,
-    save_specialized,
     specialization,
     specialize,
 )
-from isiwatch.token_split import TokenLayerNorm, TokenLinear
-from isiwatch.training import make_digits_vit
+from isiwatch.specialization.token_split import TokenLayerNorm, TokenLinear
+from isiwatch.truncation.healing import make_digits_vit
+from isiwatch.watch.friction import friction_alert
 
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=3, num_heads=2)
 MODELS = {  # name: (arch, extra kwargs, number of prefix tokens)

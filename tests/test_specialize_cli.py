@@ -7,10 +7,10 @@ import timm
 import torch
 from click.testing import CliRunner
 
-from isiwatch.checkpoint import load_checkpoint, save_checkpoint
-from isiwatch.cli import main
-from isiwatch.models import build_model
-from isiwatch.specialize import SpecializeOptions, specialization
+from isiwatch.cli.commands import main
+from isiwatch.io.checkpoint import load_checkpoint, save_checkpoint
+from isiwatch.io.models import build_model
+from isiwatch.specialization.convert import SpecializeOptions, specialization
 
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=3, num_heads=2)
 ARCH = "vit_tiny_patch16_224"

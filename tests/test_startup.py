@@ -32,7 +32,7 @@ def test_cli_help_imports_neither_torch_nor_heavy_libraries():
 
 def test_lazy_names_resolve_to_the_defining_objects():
     import isiwatch
-    from isiwatch.specialize import specialize
+    from isiwatch.specialization.convert import specialize
 
-    assert isiwatch.specialize is specialize  # the function, not its submodule of the same name
+    assert isiwatch.specialization.convert is specialize  # the function, not its submodule of the same name
     assert set(isiwatch.__all__) <= set(dir(isiwatch))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import EarlyStopping as LightningEarlyStopping
 
-from isiwatch.stopping import EarlyStopping
+from isiwatch.watch.stopping import EarlyStopping
 
 INF, NAN = math.inf, math.nan
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from isiwatch.threads import choose_threads, set_torch_threads, usable_cpus
+from isiwatch._utils.threads import choose_threads, set_torch_threads, usable_cpus
 
 
 @pytest.mark.parametrize(("cpus", "load", "threads"), [

@@ -15,14 +15,14 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
-from isiwatch.boundary_distances import BoundaryDistances, angular_distance, block_influence, boundary_distances
-from isiwatch.checkpoint import load_checkpoint, read_raw
-from isiwatch.cli import main
-from isiwatch.cost import count_flops, forward_flops, measure_latency
-from isiwatch.models import build_model
-from isiwatch.phases import Phases
-from isiwatch.training import train_classifier
-from isiwatch.truncate import choose_blocks, cut_vit, heal, load_split, plateau_keep, truncate
+from isiwatch.cli.commands import main
+from isiwatch.io.checkpoint import load_checkpoint, read_raw
+from isiwatch.io.models import build_model
+from isiwatch.measure.boundary_distances import BoundaryDistances, angular_distance, block_influence, boundary_distances
+from isiwatch.measure.phases import Phases
+from isiwatch.truncation.cost import count_flops, forward_flops, measure_latency
+from isiwatch.truncation.healing import train_classifier
+from isiwatch.truncation.truncate import choose_blocks, cut_vit, heal, load_split, plateau_keep, truncate
 
 ARCH = "vit_tiny_patch16_224"
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=8, num_heads=2)
@@ -364,7 +364,7 @@ def test_measure_latency_times_each_model_and_stays_quiet():
 
     latency = measure_latency({"slow": _Sleeps(0.02), "fast": _Sleeps(0.001)}, torch.zeros(1), warmup=1, rounds=3)
     assert 15 < latency["slow"] - latency["fast"] < 60, latency
-    code = ("import sys, torch; from isiwatch.cost import measure_latency; "
+    code = ("import sys, torch; from isiwatch.truncation.cost import measure_latency; "
             "measure_latency({'a': torch.nn.Linear(4, 2)}, torch.zeros(1, 4), warmup=1, rounds=2); "
             "print('torch.utils.cpp_extension' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -8,14 +8,14 @@ import timm
 import torch
 from click.testing import CliRunner
 
-import isiwatch.truncate as truncate_module
-from isiwatch.checkpoint import load_checkpoint
-from isiwatch.cli import main
-from isiwatch.cut_search import CutSearch
-from isiwatch.data import embedded_digits
-from isiwatch.models import build_model
-from isiwatch.training import train_classifier
-from isiwatch.truncate import truncate
+import isiwatch.truncation.truncate as truncate_module
+from isiwatch.cli.commands import main
+from isiwatch.io.checkpoint import load_checkpoint
+from isiwatch.io.data import embedded_digits
+from isiwatch.io.models import build_model
+from isiwatch.truncation.healing import train_classifier
+from isiwatch.truncation.strategies import CutSearch
+from isiwatch.truncation.truncate import truncate
 
 ARCH = "vit_tiny_patch16_224"
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, num_heads=2)

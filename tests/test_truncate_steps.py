@@ -6,7 +6,7 @@ import pytest
 import timm
 import torch
 
-from isiwatch.truncate import TruncateRequest, execute, plan, report, write
+from isiwatch.truncation.truncate import TruncateRequest, execute, plan, report, write
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import isiwatch
 from isiwatch import Watch
-from isiwatch.analysis import Analysis
-from isiwatch.depth import recommend_depth
+from isiwatch.measure.analysis import Analysis
+from isiwatch.measure.depth import recommend_depth
 
 
 def tiny_vit(depth=4, dim=32, seed=0, **kw):
@@ -27,7 +27,7 @@ def tiny_vit(depth=4, dim=32, seed=0, **kw):
 
 @pytest.fixture(scope="module")
 def digits():
-    from isiwatch.data import embedded_digits
+    from isiwatch.io.data import embedded_digits
 
     x, y = embedded_digits()
     return x[:256], y[:256], x[4000:4064], y[4000:4064]

@@ -1,0 +1,54 @@
+"""isiwatch: watch Vision Transformers while they train (ISI, probes, Cliff → Plateau → Climb).
+
+The public names are imported on first use (PEP 562 module ``__getattr__``): ``import isiwatch`` and the
+command line's start-up stay free of torch, timm and torchvision until a name that needs them is touched.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+#: Public name → the submodule that defines it.
+_EXPORTS = {
+    "METRICS": "measure.analysis", "Analysis": "measure.analysis", "analyze": "measure.analysis",
+    "Alert": "watch.alerts",
+    "friction_alert": "watch.friction",
+    "Watch": "watch.monitor",
+    "Phases": "measure.phases", "detect_phases": "measure.phases",
+    "specialize": "specialization.convert",
+    "TapError": "taps", "custom_parts": "taps", "vit_parts": "taps",
+}
+
+if TYPE_CHECKING:
+    from .measure.analysis import METRICS, Analysis, analyze
+    from .measure.phases import Phases, detect_phases
+    from .specialization.convert import specialize
+    from .taps import TapError, custom_parts, vit_parts
+    from .watch.alerts import Alert
+    from .watch.friction import friction_alert
+    from .watch.monitor import Watch
+
+# A library prints nothing unasked: without the application's own logging config, records of the "isiwatch"
+# logger (alerts included) go nowhere instead of to logging's last-resort stderr handler.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+__all__ = ["METRICS", "Alert", "Analysis", "Phases", "TapError", "Watch", "__version__", "analyze", "custom_parts",
+           "detect_phases", "friction_alert", "specialize", "vit_parts"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule that defines ``name`` on first access and cache the value in this module."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

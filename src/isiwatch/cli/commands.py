@@ -1,0 +1,387 @@
+"""The ``isiwatch`` command line: a thin click layer over the Python API."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from .. import __version__
+
+if TYPE_CHECKING:
+    from ..watch.config import ConfigFile
+
+    _StatsType = click.ParamType[tuple[float, ...]]
+else:  # click's annotations make ParamType generic; older clicks cannot subscript it at run time
+    _StatsType = click.ParamType
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter("CUDA requested but no CUDA device is available", param_hint="--device")
+    return name
+
+
+@contextlib.contextmanager
+def _usage_errors() -> Iterator[None]:
+    """Click prints a usage error as three lines (usage, hint, error) with exit status 2; make it one line with
+    status 1 like every other error. A command group run without a command prints its help (exit 0)."""
+    try:
+        yield
+    except click.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:  # click >= 8.2
+            click.echo(exc.ctx.get_help())
+            raise click.exceptions.Exit(0) from None
+        path = exc.ctx.command_path if exc.ctx is not None else "isiwatch"
+        message = "; ".join(line.strip() for line in exc.format_message().splitlines() if line.strip()).rstrip(".")
+        raise click.ClickException(f"{message} (see {path} --help)") from None
+
+
+class _Cli(click.Group):
+    """Every error is one line ``Error: ...`` and exit status 1, usage errors included (set ISIWATCH_DEBUG=1 for
+    tracebacks); ``--help`` prints help and exits 0."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        with _usage_errors():  # the group's own options: `isiwatch --bogus`
+            return super().make_context(info_name, args, parent=parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            with _usage_errors():  # commands, their options and arguments, and UsageErrors raised inside them
+                return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:
+            if os.environ.get("ISIWATCH_DEBUG"):
+                raise
+            from ..io.checkpoint import CheckpointError
+            from ..io.data import DataError
+            from ..taps import TapError
+
+            known = (CheckpointError, DataError, TapError, FileNotFoundError, ValueError, OSError)
+            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if not isinstance(exc, known):
+                message = f"internal error ({type(exc).__name__}): {message}"
+            raise click.ClickException(message) from None
+
+
+def _section_value(command: click.Command, param: click.Parameter, value: object, where: str) -> object:
+    """Convert ``value`` as click would on the command line, so ``config check`` refuses what the command would."""
+    from ..watch.config import clip
+
+    if isinstance(value, (list, dict)) and not (param.multiple or param.nargs != 1):
+        raise click.ClickException(f"{where} must be a single value, got {type(value).__name__}")
+    try:
+        return param.type_cast_value(click.Context(command, info_name=command.name), value)
+    except click.BadParameter as exc:
+        raise click.ClickException(f"{where}: {clip(exc.message)}") from None
+    except (TypeError, ValueError) as exc:
+        raise click.ClickException(f"{where}: invalid value ({clip(str(exc))})") from None
+
+
+def _section_defaults(ctx: click.Context, config: ConfigFile) -> dict[str, dict[str, object]]:
+    """Validate each command section against the command's options and their types; return click's ``default_map``.
+
+    ``null`` leaves the command's default in place.
+    """
+    from ..watch.config import quote
+
+    group = ctx.command
+    assert isinstance(group, click.Group)  # ctx is the isiwatch group's
+    defaults: dict[str, dict[str, object]] = {}
+    for command_name, values in config.sections.items():
+        command = group.commands[command_name]
+        params = {p.name: p for p in command.params if isinstance(p, click.Option)}
+        for key, (value, line) in values.items():
+            if key not in params:
+                raise click.ClickException(f"{config.path}:{line}: unknown option {quote(key)} for "
+                                           f"'isiwatch {command_name}'")
+            if value is not None:
+                _section_value(command, params[key], value,
+                               f"{config.path}:{line}: option {key!r} for 'isiwatch {command_name}'")
+        defaults[command_name] = {k: v for k, (v, _) in values.items() if v is not None}
+    return defaults
+
+
+def _load_config(ctx: click.Context, _param: click.Parameter, value: Path | None) -> ConfigFile | None:
+    """Runs before the group's error handling, so every problem must leave as a one-line ClickException."""
+    if value is None:
+        return None
+    from ..watch.config import ConfigError, load_yaml
+
+    try:
+        config = load_yaml(value)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    ctx.default_map = _section_defaults(ctx, config)
+    return config
+
+
+@click.group("isiwatch", cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="isiwatch")
+@click.option("--config", type=click.Path(dir_okay=False, path_type=Path), callback=_load_config,
+              is_eager=True, expose_value=False,
+              help="isiwatch.yaml: Watch options at the top level, command options in sections named "
+                   "after the command.")
+def main() -> None:
+    """Watch Vision Transformers while they train: ISI, probes, Cliff → Plateau → Climb."""
+
+
+@main.group()
+def config() -> None:
+    """Work with isiwatch.yaml files."""
+
+
+@config.command("check")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.pass_context
+def config_check(ctx: click.Context, file: Path) -> None:
+    """Validate FILE as the Watch and each command would: unknown keys, wrong types, out-of-range values and
+    duplicate keys are reported with their line."""
+    from ..watch.config import load_yaml
+
+    loaded = load_yaml(file)
+    _section_defaults(ctx.find_root(), loaded)
+    sections = ", ".join(sorted(loaded.sections)) or "none"
+    click.echo(f"{file}: OK ({len(loaded.watch)} Watch options; command sections: {sections})")
+
+
+class _Stats(_StatsType):
+    """One number or one per channel, separated by commas or spaces: ``--mean 0.5`` or
+    ``--mean 0.485,0.456,0.406`` (click options take a fixed number of values)."""
+
+    name = "M[,M,M]"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...]:
+        if isinstance(value, tuple):
+            return value
+        parts = value if isinstance(value, (list, tuple)) else str(value).replace(",", " ").split()
+        try:
+            stats = tuple(float(v) for v in parts)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number or a comma-separated list of numbers", param, ctx)
+        if not 1 <= len(stats) <= 4:
+            self.fail(f"{value!r}: give one value or one per channel", param, ctx)
+        if param is not None and param.name == "std" and not all(v > 0 for v in stats):
+            self.fail(f"{value!r}: standard deviations must be positive", param, ctx)
+        return stats
+
+
+MEAN = click.option("--mean", type=_Stats(), help="Per-channel mean to normalise images with, e.g. 0.5 or "
+                                                  "0.485,0.456,0.406 (default: the checkpoint's training args, "
+                                                  "else the model's pretrained_cfg; MNIST's for --data mnist).")
+STD = click.option("--std", type=_Stats(), help="Per-channel standard deviation, with --mean.")
+
+
+def _inputs_line(weights: str, norm: Mapping[str, Any]) -> str:
+    """Which weights and which normalisation an analysis or cut used (both change every number after it)."""
+    def numbers(values: Iterable[float]) -> str:
+        return ",".join(f"{v:g}" for v in values)
+
+    return (f"weights: {'EMA (state_dict_ema)' if weights == 'ema' else 'state_dict'}; normalised with mean "
+            f"{numbers(norm['mean'])} std {numbers(norm['std'])} ({norm['source']})")
+
+
+def _finite(value: float, param: click.Parameter) -> float:
+    if value != value or value == float("inf"):
+        raise click.BadParameter(f"{value} is not a finite number", param=param)
+    return value
+
+
+DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                      help="Where to run the model.")
+
+
+@main.command()
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
+@click.option("--num-heads", type=click.IntRange(min=1),
+              help="Attention heads, for a checkpoint that records neither them nor an architecture.")
+@click.option("--data", default="mnist", show_default=True,
+              help="'mnist' (the embedded digits) or an ImageFolder directory.")
+@click.option("--images", type=click.IntRange(min=4), default=1000, show_default=True,
+              help="Number of probe images.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("isiwatch-analysis"),
+              show_default=True, help="Output directory for analysis.json and curves.png.")
+@click.option("--metric", default="token_similarity", show_default=True, help="Curve used for the phases.")
+@click.option("--isi-recon", is_flag=True, help="Also compute the reconstruction form of ISI (slower).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
+@MEAN
+@STD
+@DEVICE
+def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str, images: int, out: Path, metric: str,
+            isi_recon: bool, batch_size: int, no_ema: bool, mean: tuple[float, ...] | None,
+            std: tuple[float, ...] | None, device: str) -> None:
+    """Per-layer diagnostics of a trained ViT: a timm or isiwatch checkpoint file, or a Hugging Face save_pretrained
+    directory."""
+    from ..measure.depth import recommend_depth
+    from ..measure.tables import analysis_table, phases_line, recommendation_text
+    from .offline import analyze_checkpoint
+
+    result, paths = analyze_checkpoint(checkpoint, arch=arch, num_heads=num_heads, data=data, images=images, out=out,
+                                       metric=metric, with_isi_recon=isi_recon, batch_size=batch_size,
+                                       prefer_ema=not no_ema, mean=mean, std=std, device=_device(device),
+                                       echo=lambda line: click.echo(line, err=True))
+    click.echo(_inputs_line(result.model_info["weights"], result.model_info["normalization"]))
+    click.echo(analysis_table(result))
+    click.echo(phases_line(result))
+    click.echo(f"recommended depth: {recommendation_text(recommend_depth(result).to_dict())}")
+    for path in paths:
+        click.echo(f"wrote {path}")
+
+
+@main.command()
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("isiwatch-demo"),
+              show_default=True, help="Run directory.")
+@click.option("--quick", is_flag=True, help="A smaller, shorter run (under a minute on 2 CPU cores).")
+@click.option("--config", "watch_config", type=click.Path(dir_okay=False, path_type=Path),
+              help="isiwatch.yaml whose Watch options override the demo's defaults.")
+@click.option("--prometheus-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Port for the Prometheus endpoint on 127.0.0.1 while training (0: any free port).")
+@click.option("--serve", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
+              callback=lambda _ctx, param, value: _finite(value, param),
+              help="Keep the Prometheus endpoint up for SECONDS after the demo finishes (from training on), so a "
+                   "scraping Prometheus can fire alerts with a for: delay; Ctrl-C ends it (0: close after training).")
+@DEVICE
+def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int, serve: float, device: str) -> None:
+    """Train a ViT on the embedded MNIST digits with Watch, analyse it, truncate it, write a report."""
+    from .._utils.threads import set_torch_threads
+    from .demo import run_demo
+
+    click.echo(f"torch threads: {set_torch_threads()} (the idle cores now; OMP_NUM_THREADS overrides)")
+    run_demo(out, quick=quick, device=_device(device), config=watch_config, prometheus_port=prometheus_port,
+             serve=serve, echo=click.echo)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Where to write the plots and report.html (default: RUN_DIR/report).")
+def report(run_dir: Path, out: Path | None) -> None:
+    """Plots and a self-contained HTML page of a monitored run (a Watch log_dir)."""
+    from .report import write_report
+
+    for path in write_report(run_dir, out, warn=lambda line: click.echo(f"warning: {line}", err=True)):
+        click.echo(f"wrote {path}")
+
+
+# --- truncate command (issue 6) goes here ---
+
+from ..truncation.strategies import (  # noqa: E402  (option defaults, from a module free of torch and timm)
+    DEFAULT_BUDGET,
+    DEFAULT_MAX_DROP,
+    DEFAULT_STRATEGY,
+    HEAL_EPOCHS,
+    HEAL_LR,
+    STRATEGIES,
+)
+
+
+@main.command()
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Where to write the truncated checkpoint (a new directory for a Hugging Face model).")
+@click.option("--analysis", type=click.Path(dir_okay=False, path_type=Path),
+              help="analysis.json of this checkpoint (default: analyse it on --data).")
+@click.option("--data", default="mnist", show_default=True,
+              help="Healing and held-out images: 'mnist' (the embedded digits) or an ImageFolder directory (20 % "
+                   "held out, unless it has train/ and validation/ sub-folders: heal on train, evaluate on "
+                   "validation).")
+@click.option("--eval-data", help="ImageFolder directory to validate and test on (halved); all of --data heals.")
+@click.option("--strategy", type=click.Choice(("auto", *STRATEGIES)),
+              help=f"Which blocks to drop [default: auto; {DEFAULT_STRATEGY} with --keep]. auto: the cheapest "
+                   "healed cut within --max-drop.")
+@click.option("--keep", type=int, help="Blocks to keep (default: the plateau cut's depth for plateau, the "
+                                       "recommended depth for the other fixed strategies).")
+@click.option("--max-drop", type=float, default=DEFAULT_MAX_DROP, show_default=True,
+              help="auto: validation accuracy points a cut may lose.")
+@click.option("--budget", type=int, default=DEFAULT_BUDGET, show_default=True,
+              help="auto: candidates healed at most.")
+@click.option("--train-last", type=int, help="Kept blocks to fine-tune, counted from the end (default: half).")
+@click.option("--epochs", type=int, default=HEAL_EPOCHS, show_default=True, help="Healing epochs (0: cut only).")
+@click.option("--lr", type=float, default=HEAL_LR, show_default=True, help="Peak healing learning rate.")
+@click.option("--distill", is_flag=True, help="Also distil the uncut model's logits while healing.")
+@click.option("--metric", help="Curve whose plateau sets the cut (default: the analysis's, else token_similarity).")
+@click.option("--images", type=int, default=1000, show_default=True,
+              help="Images for the analysis and the block scores.")
+@click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), default="pt", show_default=True)
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help="Also write the report as JSON.")
+@click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
+@click.option("--num-heads", type=click.IntRange(min=1),
+              help="Attention heads, for a checkpoint that records neither them nor an architecture.")
+@click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Healing order and random strategy seed.")
+@MEAN
+@STD
+@DEVICE
+def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval_data: str | None, strategy: str | None,
+             keep: int | None, max_drop: float, budget: int, train_last: int | None, epochs: int, lr: float,
+             distill: bool, metric: str | None, images: int, fmt: str, report: Path | None, arch: str | None,
+             num_heads: int | None, no_ema: bool, seed: int, mean: tuple[float, ...] | None,
+             std: tuple[float, ...] | None, device: str) -> None:
+    """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
+    fine-tuning its late blocks."""
+    from ..truncation.truncate import candidates_table, report_table, truncate
+
+    ctx = click.get_current_context()
+    typed = any(ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE for n in ("max_drop", "budget"))
+    if typed and (strategy or ("auto" if keep is None else "")) != "auto":  # a config file's default is no request
+        raise click.UsageError("--max-drop and --budget apply to --strategy auto only")
+    result = truncate(checkpoint, out, analysis=analysis, data=data, eval_data=eval_data, strategy=strategy,
+                      keep=keep, max_drop=max_drop, budget=budget,
+                      train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images,
+                      fmt=fmt, report=report, arch=arch, num_heads=num_heads, prefer_ema=not no_ema, mean=mean,
+                      std=std, device=_device(device), seed=seed, progress=True)
+    click.echo(_inputs_line(result.report["weights"], result.report["normalization"]))
+    click.echo("images: " + "; ".join(f"{part} {d['images']} of {d['of']} in {d['source']}"
+                                      for part, d in result.report["data"].items()))
+    if result.report["search"]:
+        click.echo(candidates_table(result.report))
+        if result.report["search"]["message"]:
+            click.echo(result.report["search"]["message"])
+    click.echo(report_table(result.report))
+    for path in result.paths:
+        click.echo(f"wrote {path}")
+
+
+# --- specialize command (issue 8) goes here ---
+@main.command()
+@click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Output checkpoint; isiwatch.models.load_specialized(OUT) loads it back.")
+@click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
+@click.option("--num-heads", type=click.IntRange(min=1),
+              help="Attention heads, for a checkpoint that records neither them nor an architecture.")
+@click.option("--norms/--no-norms", default=True, show_default=True,
+              help="Prefix-token affine parameters in every block's norm1 and norm2.")
+@click.option("--qkv-blocks", default="none", show_default=True,
+              help="Blocks whose QKV projection is specialised: none, first_third, a count K or indices 0,1,2.")
+@click.option("--lora-rank", type=click.IntRange(min=1),
+              help="Specialise QKV by a rank-R LoRA update instead of a full copy.")
+@click.option("--layer-scale", is_flag=True, help="Also specialise LayerScale ls1/ls2 (models with init_values).")
+@click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), default="pt", show_default=True)
+@click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
+def specialize(checkpoint: Path, out: Path, arch: str | None, num_heads: int | None, norms: bool, qkv_blocks: str,
+               lora_rank: int | None, layer_scale: bool, fmt: str, no_ema: bool) -> None:
+    """Give [CLS]/prefix tokens their own norms (and QKV) in a ViT checkpoint; same function at conversion."""
+    from ..io.models import specialize_checkpoint
+    from ..specialization.convert import parse_qkv_blocks
+
+    report = specialize_checkpoint(checkpoint, out, arch=arch, num_heads=num_heads, norms=norms,
+                                   qkv_blocks=parse_qkv_blocks(qkv_blocks), lora_rank=lora_rank,
+                                   layer_scale=layer_scale, fmt=fmt, prefer_ema=not no_ema)
+    click.echo(f"specialised {report['arch']}: {report['options']}")
+    click.echo(f"parameters {report['base']:,} + {report['added']:,} prefix-token ({100 * report['fraction']:.2f} %); "
+               f"max |output change| at conversion {report['max_abs_diff']:.1e}")
+    click.echo(f"wrote {report['out']}")
+

@@ -1,0 +1,154 @@
+"""``isiwatch demo``: the whole product in one command, on the embedded MNIST digits.
+
+Trains a small timm ViT with :class:`Watch` attached (TensorBoard events, ``metrics.jsonl``,
+``alerts.jsonl``, a Prometheus endpoint on 127.0.0.1 while it runs), analyses the trained model on the
+held-out digits (``analysis.json`` with the recommended depth, ``curves.png``), truncates it to the
+cheapest healed depth within 1 point (``truncate --strategy auto``: ``truncated.pt``,
+``truncate_report.json``) and writes the report (``report/report.html``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tqdm.auto import tqdm
+
+from ..io.checkpoint import save_checkpoint, sha256_of
+from ..io.data import DIGITS_TRAIN, embedded_digits
+from ..measure.analysis import analyze
+from ..measure.tables import analysis_table, phases_line, recommendation_text
+from ..truncation.healing import DIGITS_VIT_ARCH, accuracy, make_digits_vit, train_classifier
+from ..truncation.strategies import DEFAULT_MAX_DROP
+from ..truncation.truncate import candidates_table, report_table, truncate
+from ..watch.config import load_yaml
+from ..watch.monitor import Watch
+from .offline import analysis_record, write_analysis
+from .report import write_report
+
+if TYPE_CHECKING:
+    from ..watch.alerts import Alert
+    from ..watch.exporters.prometheus import PrometheusExporter
+
+PROBE_IMAGES = 256
+
+
+def _serve(exporter: PrometheusExporter, seconds: float, echo: Callable[[str], None]) -> None:
+    """Keep ``exporter``'s HTTP endpoint up for ``seconds`` (Ctrl-C ends it early), then close it."""
+    echo(f"serving the run's last Prometheus metrics at http://127.0.0.1:{exporter.port}/metrics for {seconds:g} s "
+         f"(Ctrl-C to stop)")
+    try:
+        time.sleep(seconds)
+    except KeyboardInterrupt:
+        echo("stopped serving")
+    finally:
+        exporter.close()
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Model depth, training epochs (31 steps each), sampling interval, healing epochs and the number of cuts
+    ``truncate --strategy auto`` may heal."""
+
+    depth: int
+    epochs: int
+    every_n_steps: int
+    heal_epochs: int
+    cut_budget: int
+
+
+FULL = DemoSettings(depth=12, epochs=12, every_n_steps=16, heal_epochs=2, cut_budget=4)
+QUICK = DemoSettings(depth=8, epochs=2, every_n_steps=8, heal_epochs=1, cut_budget=2)
+
+
+def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", config: str | Path | None = None,
+             prometheus_port: int | None = 0, serve: float = 0, seed: int = 0,
+             echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train with Watch, analyse, truncate, report; returns a summary dict. ``config``: Watch options
+    (isiwatch.yaml) that override the demo's defaults. ``serve``: seconds to keep the Prometheus endpoint up
+    after the demo has finished (it then stays up from training on), so a scraping Prometheus sees open alert
+    episodes long enough for rules with a ``for:`` delay to fire; 0 closes it when training ends."""
+    if serve < 0 or serve != serve:
+        raise ValueError(f"serve must be a number of seconds >= 0, got {serve}")
+    if serve and prometheus_port is None:
+        raise ValueError("serve needs the Prometheus endpoint (a prometheus_port)")
+    settings = QUICK if quick else FULL
+    out = Path(out)
+    images, labels = embedded_digits()
+    train_x, train_y = images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN]
+    test_x, test_y = images[DIGITS_TRAIN:], labels[DIGITS_TRAIN:]
+    model, kwargs = make_digits_vit(seed, depth=settings.depth)
+    model.to(device)
+    options = {"every_n_steps": settings.every_n_steps, "log_dir": str(out), "run_name": "demo",
+               "prometheus_port": prometheus_port, **(load_yaml(config).watch if config else {})}
+
+    def print_alert(alert: Alert) -> None:
+        tqdm.write(f"  [{alert.severity}] step {alert.step}: {alert.kind}: {alert.message}")
+
+    echo(f"training a {settings.depth}-block ViT (width {kwargs['embed_dim']}) on {len(train_x)} embedded MNIST "
+         f"digits for {settings.epochs} epochs on {device}; Watch samples every {options['every_n_steps']} steps "
+         f"on {PROBE_IMAGES} held-out digits")
+    start = time.perf_counter()
+    with Watch(model, test_x[:PROBE_IMAGES], test_y[:PROBE_IMAGES], config=options,
+               alert_callback=print_alert) as watch:
+        if watch.prometheus and watch.prometheus.port:
+            echo(f"Prometheus metrics at http://127.0.0.1:{watch.prometheus.port}/metrics while training")
+        last_span = "not sampled"
+
+        def on_step(step: int, loss: float) -> bool:
+            nonlocal last_span
+            watch.step(step, loss)
+            if watch.last_step == step:
+                ph = watch.history[-1].phases
+                span = f"plateau {ph.plateau[0]}–{ph.plateau[1]}" if ph else "no plateau"
+                if span != last_span:
+                    tqdm.write(f"  step {step}: {span} ({watch.options.phase_metric})")
+                    last_span = span
+            return watch.should_stop
+
+        steps = train_classifier(model, train_x, train_y, epochs=settings.epochs, seed=seed, on_step=on_step,
+                                 progress=True)
+        watch.finish()  # the final sample reaches the exporter before it may be kept past the Watch
+        samples = len(watch.history)
+        stop_reason = watch.stop_reason
+        exporter = watch.prometheus if serve and watch.prometheus and watch.prometheus.port else None
+        watch.prometheus = None if exporter else watch.prometheus  # closing the Watch leaves a kept one serving
+    try:
+        train_seconds = time.perf_counter() - start
+        acc = accuracy(model, test_x, test_y)
+        echo(f"trained {steps} steps in {train_seconds:.1f} s ({samples} samples); held-out accuracy {acc:.3f}"
+             + (f"; stopped early: {stop_reason}" if stop_reason else ""))
+
+        ckpt = save_checkpoint(out / "model.pt", DIGITS_VIT_ARCH, kwargs, model.state_dict(),
+                               metadata={"held_out_accuracy": acc, "steps": steps})
+        result = analyze(model, test_x, test_y, batch_size=len(test_x))
+        result.model_info.update({"arch": DIGITS_VIT_ARCH, "model_kwargs": kwargs, "checkpoint": str(ckpt),
+                             "sha256": sha256_of(ckpt), "held_out_accuracy": acc})
+        record = analysis_record(result)
+        analysis_path = write_analysis(result, out)[0]
+        echo(analysis_table(result))
+        echo(phases_line(result))
+        echo(f"recommended depth: {recommendation_text(record['recommendation'])}")
+
+        echo(f"truncate --strategy auto: the cheapest healed cut within {DEFAULT_MAX_DROP:g} point of the uncut "
+             f"validation accuracy, at most {settings.cut_budget} candidates")
+        truncated = truncate(ckpt, out / "truncated.pt", analysis=analysis_path, max_drop=DEFAULT_MAX_DROP,
+                             budget=settings.cut_budget, epochs=settings.heal_epochs,
+                             report=out / "truncate_report.json", device=device, seed=seed, progress=True)
+        echo(candidates_table(truncated.report))
+        if truncated.report["search"]["message"]:
+            echo(truncated.report["search"]["message"])
+        echo(report_table(truncated.report))
+        report_paths = write_report(out, out / "report")
+        echo(f"wrote {out}/: model.pt, analysis.json, curves.png, metrics.jsonl, alerts.jsonl, TensorBoard events, "
+             f"truncated.pt, truncate_report.json, {report_paths[-1].relative_to(out)}")
+        if exporter:
+            _serve(exporter, serve, echo)
+    finally:
+        if exporter:
+            exporter.close()  # closed early when the demo fails; idempotent
+    return {"accuracy": acc, "steps": steps, "train_seconds": train_seconds, "analysis": result,
+            "truncation": truncated.report, "samples": samples}

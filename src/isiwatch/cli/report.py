@@ -1,0 +1,262 @@
+"""``isiwatch report RUN_DIR``: plots and one self-contained HTML page of a monitored run.
+
+Reads what a Watch with ``log_dir`` writes (``metrics.jsonl``, ``alerts.jsonl``) plus, when present,
+``analysis.json`` (the final offline analysis, with its depth recommendation when it was written with one)
+and ``truncate_report.json`` (the demo's truncation).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import statistics
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .._utils.files import atomic_files, atomic_write
+from ..measure.analysis import Analysis
+from ..measure.plots import plot_curves, plot_heatmaps, plot_plateau_timeline
+from ..measure.tables import analysis_rows, recommendation_text
+from ..truncation.truncate_report import report_rows
+
+HEATMAP_METRICS = ("isi", "token_similarity", "probe_cls", "probe_patch_mean")
+
+
+@dataclass
+class RunRecords:
+    """Everything a run directory holds."""
+
+    run_dir: Path
+    samples: list[dict[str, Any]]
+    alerts: list[dict[str, Any]]
+    analysis: Analysis | None
+    truncation: dict[str, Any] | None
+    recommendation: dict[str, Any] | None = None  # analysis.json's depth recommendation (absent in older files)
+
+
+Warn = Callable[[str], None]
+T = TypeVar("T")
+
+
+def _python_warning(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=5)
+
+
+def _jsonl(path: Path, warn: Warn) -> list[tuple[int, object]]:
+    """(line number, record) of every line. A cut-off last line, what a run killed while writing leaves, is
+    skipped with a warning; a malformed line before it is an error."""
+    if not path.exists():
+        return []
+    lines = [(number, line) for number, line in enumerate(path.read_bytes().split(b"\n"), 1) if line.strip()]
+    records = []
+    for number, line in lines:
+        try:
+            records.append((number, json.loads(line)))
+        except ValueError:  # JSONDecodeError, or UnicodeDecodeError from a multi-byte character cut in two
+            if number != lines[-1][0]:
+                raise ValueError(f"{path}:{number}: not a JSON line") from None
+            warn(f"{path}:{number}: skipped the cut-off last line (the run stopped while writing it)")
+    return records
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _sample_problem(record: dict[str, Any]) -> str | None:
+    """What keeps a metrics.jsonl record from being reported, or None."""
+    for key in ("step", "duration_s"):
+        if not _number(record.get(key)):
+            return f"{key!r} is missing or not a number"
+    layers = record.get("layers") or {}
+    if not isinstance(layers, dict):
+        return "'layers' is not an object"
+    for metric, values in layers.items():
+        if not isinstance(values, list) or not all(v is None or _number(v) for v in values):
+            return f"'layers.{metric}' is not a list of numbers"
+    if len({len(values) for values in layers.values()}) > 1:
+        return "the 'layers' lists differ in length"
+    phases = record.get("phases")
+    plateau = phases.get("plateau") if isinstance(phases, dict) else None
+    if phases is not None and not (isinstance(plateau, list) and len(plateau) == 2 and all(map(_number, plateau))):
+        return "'phases' has no plateau span"
+    return None
+
+
+def _alert_problem(record: dict[str, Any]) -> str | None:
+    """What keeps an alerts.jsonl record from being reported, or None."""
+    if not _number(record.get("step")):
+        return "'step' is missing or not a number"
+    missing = [key for key in ("kind", "severity", "message") if not isinstance(record.get(key), str)]
+    return f"{missing[0]!r} is missing or not a string" if missing else None
+
+
+def _records(path: Path, warn: Warn, problem: Callable[[dict[str, Any]], str | None]) -> list[dict[str, Any]]:
+    records = []
+    for number, record in _jsonl(path, warn):
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: not a JSON object")
+        if (found := problem(record)) is not None:
+            raise ValueError(f"{path}:{number}: {found}")
+        records.append(record)
+    return records
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, KeyError):
+        return f"missing {exc.args[0]!r}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _json_file(path: Path, what: str, check: Callable[[Any], T]) -> T | None:
+    """``check(data)`` of the JSON file at ``path`` (None when there is none); any failure names the file."""
+    if not path.exists():
+        return None
+    try:
+        return check(json.loads(path.read_bytes()))
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise ValueError(f"{path}: not {what} ({_reason(exc)})") from None
+
+
+def _analysis(data: dict[str, Any]) -> tuple[Analysis, dict[str, Any] | None]:
+    analysis = Analysis.from_dict(data)
+    analysis_rows(analysis)  # fails here, before anything is written, when the curves do not line up
+    return analysis, _recommendation(data.get("recommendation"))
+
+
+def _truncation(data: dict[str, Any]) -> dict[str, Any]:
+    if data:
+        _truncation_table(data)
+    return data
+
+
+def read_run(run_dir: str | Path, warn: Warn | None = None) -> RunRecords:
+    """Read and check everything :func:`write_report` uses; a problem raises ValueError naming the file (and
+    line). ``warn`` receives one-line notes (default: a Python warning)."""
+    run_dir = Path(run_dir)
+    warn = warn or _python_warning
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir}: no such run directory")
+    samples = _records(run_dir / "metrics.jsonl", warn, _sample_problem)
+    if not any(s.get("layers") for s in samples):
+        raise ValueError(f"{run_dir}: no samples in metrics.jsonl (is this an isiwatch log_dir?)")
+    alerts = _records(run_dir / "alerts.jsonl", warn, _alert_problem)
+    analysis, recommendation = (_json_file(run_dir / "analysis.json", "an isiwatch analysis", _analysis)
+                                or (None, None))
+    truncation = _json_file(run_dir / "truncate_report.json", "an isiwatch truncation report", _truncation)
+    return RunRecords(run_dir, samples, alerts, analysis, truncation, recommendation)
+
+
+def _recommendation(value: object) -> dict[str, Any] | None:
+    """A stored depth recommendation, or None when absent or not one."""
+    keys = ("depth", "signal", "blocks_to_drop", "source_depth")
+    return value if isinstance(value, dict) and all(k in value for k in keys) else None
+
+
+def _grid(samples: list[dict[str, Any]], metric: str) -> list[list[float]]:
+    return [[math.nan if v is None else v for v in s["layers"][metric]] for s in samples]
+
+
+def write_plots(records: RunRecords, out: Path) -> dict[str, Path]:
+    """curves.png (final per-layer curves, phases shaded), heatmaps.png and plateau.png."""
+    samples = [s for s in records.samples if s.get("layers")]
+    depth = len(next(iter(samples[-1]["layers"].values())))
+    samples = [s for s in samples if len(next(iter(s["layers"].values()))) == depth]
+    steps = [s["step"] for s in samples]
+    paths = {}
+    if records.analysis is not None:
+        paths["curves"] = plot_curves(records.analysis, out / "curves.png")
+    metrics = [m for m in HEATMAP_METRICS if m in samples[-1]["layers"]]
+    paths["heatmaps"] = plot_heatmaps(steps, {m: _grid(samples, m) for m in metrics}, out / "heatmaps.png")
+    spans = [tuple(s["phases"]["plateau"]) if s.get("phases") else None for s in samples]
+    alerts = [(a["step"], a["kind"]) for a in records.alerts if not a["kind"].endswith("_cleared")]
+    metric = records.analysis.phase_metric if records.analysis else "token_similarity"
+    paths["plateau"] = plot_plateau_timeline(steps, spans, depth, alerts, out / "plateau.png", metric)
+    return paths
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return "–" if not math.isfinite(v) else f"{v:.3f}"
+        return html.escape(str(v))
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
+
+
+def _summary(records: RunRecords) -> str:
+    first, last = records.samples[0], records.samples[-1]
+    ph = last.get("phases")
+    onset = next((a["step"] for a in records.alerts if a["kind"] == "plateau_onset"), None)
+    rows = [["run", last.get("run", "")], ["samples", len(records.samples)],
+            ["steps", f"{first['step']} – {last['step']}"],
+            ["plateau at the last sample", f"blocks {ph['plateau'][0]}–{ph['plateau'][1]}" if ph else "none"],
+            ["plateau onset", f"step {onset}" if onset is not None else "none"]]
+    if (at_last := _recommendation(last.get("recommendation"))) is not None:
+        rows.append(["recommended depth at the last sample", recommendation_text(at_last)])
+    if records.recommendation is not None:
+        rows.append(["recommended depth of the trained model", recommendation_text(records.recommendation)])
+    rows.append(["median sample cost", f"{statistics.median(s['duration_s'] for s in records.samples):.3f} s"])
+    return _table(["", ""], rows)
+
+
+def _truncation_table(report: dict[str, Any]) -> str:
+    caption = (f"strategy {report['strategy']}, kept blocks {report['kept_blocks']}, "
+               f"{report['healing_steps']} healing steps")
+    return f"<p>{html.escape(caption)}</p>" + _table(*report_rows(report))
+
+
+STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}
+th{background:#f4f4f4}img{max-width:100%;border:1px solid #eee}figure{margin:.8em 0}"""
+
+#: Records in the DOM how many images decoded, so a headless browser can verify the page.
+CHECK_SCRIPT = """<script>window.addEventListener('load',function(){var n=0;
+for(var i=0;i<document.images.length;i++){if(document.images[i].complete&&document.images[i].naturalWidth>0)n++;}
+document.body.setAttribute('data-images-loaded',n);});</script>"""
+
+
+def _page(records: RunRecords, plots: dict[str, Path]) -> str:
+    alerts = [[a["step"], a["kind"], a["severity"], a["message"]] for a in records.alerts]
+    parts = [f"<h1>isiwatch report: {html.escape(records.run_dir.name)}</h1>", "<h2>Summary</h2>",
+             _summary(records)]
+    if records.analysis is not None:  # write_plots drew its curves
+        parts += ["<h2>Per-layer curves of the trained model</h2>", _img(plots["curves"], "per-layer curves"),
+                  _table(*analysis_rows(records.analysis))]
+    parts += ["<h2>Depth × training step</h2>", _img(plots["heatmaps"], "heat-maps"),
+              "<h2>Plateau over training</h2>", _img(plots["plateau"], "plateau timeline"),
+              "<h2>Alerts</h2>", _table(["step", "kind", "severity", "message"], alerts) if alerts
+              else "<p>No alerts.</p>"]
+    if records.truncation:
+        parts += ["<h2>Truncation</h2>", _truncation_table(records.truncation)]
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>isiwatch report</title>'
+            f"<style>{STYLE}</style></head><body>{''.join(parts)}{CHECK_SCRIPT}</body></html>")
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None, warn: Warn | None = None) -> list[Path]:
+    """Write the plots and ``report.html`` (images embedded, no external files) to ``out``
+    (default ``RUN_DIR/report``); returns the written paths.
+
+    Every input is read and checked first (:func:`read_run`), and the files are staged and moved into ``out``
+    together (:func:`~isiwatch._utils.files.atomic_files`): a bad input or a failure on the way writes nothing.
+    """
+    records = read_run(run_dir, warn)
+    out = Path(out) if out is not None else records.run_dir / "report"
+    with atomic_files(out, last=("report.html",)) as stage:
+        plots = write_plots(records, stage)
+        with atomic_write(stage / "report.html") as fh:
+            fh.write(_page(records, plots).encode("utf-8"))
+    return [*(out / path.name for path in plots.values()), out / "report.html"]

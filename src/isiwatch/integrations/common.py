@@ -1,0 +1,101 @@
+"""What the framework integrations share: a Watch created once the framework hands over the model, the
+summary a framework's own logger receives, and the training loss read from a model's output."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor, nn
+
+from isiwatch.watch.monitor import Watch
+
+
+def loss_value(output: Any) -> Tensor | float | None:
+    """The training loss in a step's output: a scalar tensor or number, or the ``"loss"`` entry of a dict
+    (Lightning's ``training_step`` result, a transformers ``ModelOutput``, a timm task result); logits and
+    other outputs give None."""
+    if isinstance(output, Mapping):
+        output = output.get("loss")
+    if isinstance(output, Tensor):
+        return output.detach() if output.numel() == 1 else None
+    return output if isinstance(output, (int, float)) else None
+
+
+class LossTap:
+    """Keeps the last loss a module returned, through a forward hook, for loops that do not hand the loss
+    to their callbacks (transformers' Trainer, timm's train.py). Outputs without a loss (the probe pass,
+    plain logits) leave the last value in place; the tensor is converted only on sampling steps."""
+
+    def __init__(self, module: nn.Module):
+        self.value: Tensor | float | None = None
+        self._handle = module.register_forward_hook(self._keep)
+
+    def _keep(self, _module: nn.Module, _inputs: Any, output: Any) -> None:
+        loss = loss_value(output)
+        if loss is not None:
+            self.value = loss
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def logged_series(watch: Watch) -> dict[str, float]:
+    """The last sample as a framework logger gets it: the ``last``/``mean`` of every metric, the plateau and
+    the loss, named ``isiwatch/<series>``, finite values only. Per-layer curves go to isiwatch's own
+    exporters; a logger that prints its records (transformers' progress bar) stays readable."""
+    series = watch.history[-1].series()
+    return {f"isiwatch/{name}": value for name, value in series.items()
+            if "/layer_" not in name and math.isfinite(value)}
+
+
+class WatchSlot:
+    """Holds the options until the framework hands over the model, then one ``Watch`` per run.
+
+    State restored before the Watch exists (Lightning restores callbacks before ``on_fit_start``) waits
+    until it does. Closing keeps the state, so a second ``fit``/``train`` continues where the first ended,
+    and keeps the closed Watch for its ``history``, ``should_stop`` and ``stop_reason``.
+    """
+
+    def __init__(self, probe_images: Tensor, probe_labels: Tensor | None, watch_options: dict[str, Any]):
+        self.probe_images, self.probe_labels, self.watch_options = probe_images, probe_labels, watch_options
+        self.watch: Watch | None = None
+        self._open = False
+        self._state: dict | None = None
+
+    def open(self, model: nn.Module) -> Watch:
+        if not self._open:
+            self.watch = Watch(model, self.probe_images, self.probe_labels, **self.watch_options)
+            self._open = True
+            if self._state is not None:
+                self.watch.load_state_dict(self._state)
+        return self.watch
+
+    def step(self, global_step: int, loss: Tensor | float | None) -> dict[str, float] | None:
+        """``Watch.step``; returns the logger summary when this call sampled, else None."""
+        before = self.watch.last_step
+        self.watch.step(global_step, loss)
+        return logged_series(self.watch) if self.watch.last_step != before else None
+
+    def finish(self) -> dict[str, float] | None:
+        """``Watch.finish`` (the final sample, if the last step was not sampled), while the framework's loggers
+        are open; returns the logger summary when it sampled, else None."""
+        before = self.watch.last_step
+        self.watch.finish()
+        return logged_series(self.watch) if self.watch.last_step != before else None
+
+    def state_dict(self) -> dict | None:
+        return self.watch.state_dict() if self._open else self._state
+
+    def load_state_dict(self, state: dict) -> None:
+        self._state = state
+        if self._open:
+            self.watch.load_state_dict(state)
+
+    def close(self, final_sample: bool = True) -> None:
+        """``Watch.close``: the final sample unless ``final_sample`` is False (after an exception)."""
+        if self._open:
+            self.watch.close(final_sample=final_sample)
+            self._state = self.watch.state_dict()
+            self._open = False

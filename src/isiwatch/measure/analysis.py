@@ -1,0 +1,264 @@
+"""``analyze``: one probe pass over a ViT → per-layer curves of every metric, probes and phases."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .._utils.files import finite_or_none
+from ..taps import BlockTensors, Tap, ViTParts, unwrap_model, vit_parts
+from .metrics import BLOCK_METRICS, CLS_METRICS, block_metrics, isi, token_similarity
+from .phases import Phases, detect_phases
+from .probes import probe_accuracy, split_indices
+from .recon import DEFAULT_RECON_COMPONENTS, isi_recon
+
+#: Every per-layer metric name, in report order.
+METRICS = (*BLOCK_METRICS, "probe_cls", "probe_patch_mean", "isi_recon")
+#: The curve phases, alerts and truncation use unless told otherwise (the paper's phase curve).
+DEFAULT_PHASE_METRIC = "token_similarity"
+#: Phase-detection defaults for metric curves: changes below 0.01 (all metrics are O(1)) are noise.
+DEFAULT_PHASE_OPTIONS = {"min_layers": 3, "min_range": 0.01}
+STEM_POINTS = ("pre_pe", "embed")
+
+
+def untracked_reason(metric: str, has_cls: bool, probes: bool, with_isi_recon: bool) -> str | None:
+    """Why :func:`analyze` reports no ``metric`` curve for a model with or without [CLS], with or without probe
+    labels and ``with_isi_recon``; None when it reports one."""
+    if metric not in METRICS:
+        return f"there is no metric {metric!r} (metrics: {', '.join(METRICS)})"
+    if metric.startswith("probe_") and not probes:
+        return f"{metric} needs probe labels"
+    if metric in CLS_METRICS and not has_cls:
+        return f"{metric} needs a [CLS] token, which this model lacks"
+    if metric == "isi_recon" and not with_isi_recon:
+        return "isi_recon needs with_isi_recon=True"
+    return None
+
+
+def tracked_metrics(has_cls: bool, probes: bool = False, with_isi_recon: bool = False) -> list[str]:
+    """The metrics :func:`analyze` reports (the keys of ``Analysis.layers``), in :data:`METRICS` order."""
+    return [m for m in METRICS if untracked_reason(m, has_cls, probes, with_isi_recon) is None]
+
+
+@dataclass
+class Analysis:
+    """Per-layer curves of one model on one probe set.
+
+    ``layers[metric]`` holds one value per block (index 0..L-1); ``stem[point][metric]`` the values before
+    block 0 (``pre_pe``: patch embeddings E; ``embed``: X[0]); ``phases`` the Cliff/Plateau/Climb of
+    ``phase_metric`` (None when that curve has no plateau); ``model_info`` what is known of the model and
+    the data (depth, family, prefix tokens, images, and what the caller adds: arch, weights, checkpoint),
+    stored under the ``"model"`` key of ``analysis.json``.
+    """
+
+    layers: dict[str, list[float]]
+    stem: dict[str, dict[str, float]]
+    model_info: dict[str, Any]
+    phase_metric: str = DEFAULT_PHASE_METRIC
+    phases: Phases | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def depth(self) -> int:
+        return int(self.model_info["depth"])
+
+    def curve(self, metric: str) -> list[float]:
+        if metric not in self.layers:
+            raise KeyError(f"unknown metric {metric!r}; this analysis has {sorted(self.layers)}")
+        return self.layers[metric]
+
+    def detect_phases(self, metric: str | None = None, **options: Any) -> Phases | None:
+        """Phases of any tracked curve; None when it has no plateau or holds non-finite values."""
+        curve = self.curve(metric or self.phase_metric)
+        if len(curve) < 4 or not all(math.isfinite(v) for v in curve):
+            return None
+        return detect_phases(curve, **{**DEFAULT_PHASE_OPTIONS, **options})
+
+    def first_blocks(self, n: int) -> Analysis:
+        """The curves of the first ``n`` blocks only, phases re-detected on them (CaiT: the self-attention
+        blocks, the only ones truncation may drop)."""
+        if n >= self.depth:
+            return self
+        cut = Analysis({m: v[:n] for m, v in self.layers.items()}, self.stem, {**self.model_info, "depth": n},
+                       self.phase_metric, None, self.options)
+        cut.phases = cut.detect_phases()
+        return cut
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``analysis.json`` schema; non-finite numbers become null."""
+        rows = [{"index": i, **{m: finite_or_none(v[i]) for m, v in self.layers.items()}} for i in range(self.depth)]
+        phases: dict[str, Any] = {"metric": self.phase_metric, "plateau": None, "cliff": None, "climb": None,
+                                  "length": 0}
+        if self.phases is not None:
+            phases.update(self.phases.to_dict())
+        stem = {p: {m: finite_or_none(v) for m, v in vals.items()} for p, vals in self.stem.items()}
+        return {"model": self.model_info, "layers": rows, "stem": stem, "phases": phases, "options": self.options}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Analysis:
+        rows = sorted(data["layers"], key=lambda r: r["index"])
+        metrics = [k for k in rows[0] if k != "index"] if rows else []
+        layers = {m: [math.nan if r.get(m) is None else float(r[m]) for r in rows] for m in metrics}
+        stem = {p: {m: math.nan if v is None else float(v) for m, v in vals.items()}
+                for p, vals in data.get("stem", {}).items()}
+        ph = data.get("phases") or {}
+        phases = None
+        if ph.get("plateau"):
+            phases = Phases(tuple(ph["plateau"]), tuple(ph["cliff"]) if ph.get("cliff") else None,
+                            tuple(ph["climb"]) if ph.get("climb") else None)
+        return cls(layers, stem, dict(data.get("model", {})), ph.get("metric", DEFAULT_PHASE_METRIC),
+                   phases, dict(data.get("options", {})))
+
+
+class _Collector:
+    """Receives the tap's per-block tensors for one chunk and reduces them at once."""
+
+    def __init__(self, parts: ViTParts, n_images: int, isi_recon_components: int | None, seed: int,
+                 probe_features: bool = True):
+        self.parts = parts
+        self.probe_features = probe_features  # keep pooled features for the probes (only with labels)
+        self.n_images = n_images
+        self.recon_k = isi_recon_components
+        self.seed = seed
+        depth = parts.depth
+        self.sums: dict[str, Tensor] = {}
+        self.reported: dict[str, Tensor] = {}  # blocks that report each metric (no [CLS] metrics before CaiT's [CLS])
+        self.stem_sums: dict[str, dict[str, float]] = {p: {} for p in STEM_POINTS}
+        self.recon = [0.0] * depth
+        self.stem_recon = {p: 0.0 for p in STEM_POINTS}
+        self.patch_feats: Tensor | None = None  # (L+2, n, D): pre_pe, embed, blocks
+        self.cls_feats: Tensor | None = None  # (L+1, n, D): embed, blocks
+        self.offset = 0
+        self.chunk = 0
+        self.embeddings: Tensor | None = None
+        self.chunk_split: tuple[Tensor, Tensor] | None = None
+
+    def start_chunk(self, offset: int, size: int) -> None:
+        self.offset, self.chunk = offset, size
+        if self.recon_k:
+            self.chunk_split = split_indices(size, seed=self.seed)
+
+    def _store(self, row: int, tokens: Tensor, prefix: int, has_cls: bool) -> None:
+        if not self.probe_features:
+            return
+        if self.patch_feats is None:
+            d, depth = tokens.shape[-1], self.parts.depth
+            self.patch_feats = tokens.new_zeros(depth + 2, self.n_images, d)
+            if self.parts.has_cls:  # NaN rows where a block has no [CLS] yet (CaiT)
+                self.cls_feats = tokens.new_full((depth + 1, self.n_images, d), math.nan)
+        rows = slice(self.offset, self.offset + self.chunk)
+        self.patch_feats[row, rows] = tokens[:, prefix:].mean(1)
+        if self.cls_feats is not None and row >= 1 and has_cls:
+            self.cls_feats[row - 1, rows] = tokens[:, 0]
+
+    def _recon(self, tokens: Tensor) -> float:
+        # callers check: recon_k is set (so is chunk_split) and the stem delivered embeddings
+        assert self.recon_k is not None and self.chunk_split is not None and self.embeddings is not None
+        if not (torch.isfinite(tokens).all() and torch.isfinite(self.embeddings).all()):
+            return math.nan
+        train, test = self.chunk_split
+        return isi_recon(tokens, self.embeddings, train, test, self.recon_k) * self.chunk
+
+    def on_stem(self, e: Tensor | None, x0: Tensor) -> None:
+        self.embeddings = e
+        first = self.parts.blocks[0]
+        x0_point = ("embed", x0, first.num_prefix_tokens, first.has_cls)
+        points = [x0_point] if e is None else [("pre_pe", e, 0, False), x0_point]
+        for name, tokens, prefix, has_cls in points:
+            self._store(STEM_POINTS.index(name), tokens, prefix, has_cls)
+            sums = self.stem_sums[name]
+            sums["token_similarity"] = sums.get("token_similarity", 0.0) + float(
+                token_similarity(tokens, prefix).sum())
+            if self.recon_k and e is not None:
+                self.stem_recon[name] += self._recon(tokens[:, prefix:])
+
+    def on_block(self, bt: BlockTensors) -> None:
+        for name, values in block_metrics(bt).items():
+            if name not in self.sums:
+                self.sums[name] = torch.zeros(self.parts.depth, dtype=torch.float64, device=values.device)
+                self.reported[name] = torch.zeros(self.parts.depth, dtype=torch.bool, device=values.device)
+            self.sums[name][bt.index] += values.sum().double()
+            self.reported[name][bt.index] = True
+        self._store(bt.index + 2, bt.z, bt.p, bt.has_cls)
+        if self.recon_k and self.embeddings is not None:
+            self.recon[bt.index] += self._recon(bt.z[:, bt.p:])
+
+
+@torch.no_grad()
+def analyze(
+    model: nn.Module,
+    images: Tensor,
+    labels: Tensor | None = None,
+    *,
+    batch_size: int = 256,
+    with_isi_recon: bool = False,
+    recon_components: int = DEFAULT_RECON_COMPONENTS,
+    probe_train_fraction: float = 0.7,
+    seed: int = 0,
+    phase_metric: str = DEFAULT_PHASE_METRIC,
+    phase_options: Mapping[str, Any] | None = None,
+    parts: ViTParts | None = None,
+) -> Analysis:
+    """Run every per-layer metric (:data:`METRICS`) on ``images`` (B,C,H,W) and segment ``phase_metric`` into phases.
+
+    Images go through the model in chunks of ``batch_size`` (the centring mean of ``token_similarity``
+    and the ``isi_recon`` split are per chunk); probes need ``labels`` and use one seeded train/held-out
+    split over all images. The model's modes, flags, parameters and the global RNG are left unchanged.
+    """
+    if images.dim() != 4 or len(images) == 0:
+        raise ValueError(f"images must be a non-empty (B,C,H,W) tensor, got shape {tuple(images.shape)}")
+    if labels is not None and len(labels) != len(images):
+        raise ValueError(f"{len(labels)} labels for {len(images)} images")
+    model = unwrap_model(model)
+    parts = parts or vit_parts(model)
+    if parts.patch_embed is None and with_isi_recon:
+        raise ValueError("isi_recon needs the patch embeddings, but this model exposes no patch embedding")
+    param = next(model.parameters())
+    n = len(images)
+    collector = _Collector(parts, n, recon_components if with_isi_recon else None, seed, labels is not None)
+    tap = Tap(parts)
+    for offset in range(0, n, batch_size):
+        chunk = images[offset:offset + batch_size].to(param.device, param.dtype)
+        collector.start_chunk(offset, len(chunk))
+        tap.capture(model, chunk, collector.on_stem, collector.on_block)
+
+    means = {m: torch.where(collector.reported[m], s / n, math.nan).tolist() for m, s in collector.sums.items()}
+    means["isi"] = [isi(d, h) for d, h in zip(means["attn_token_change"], means["attn_entropy"])]
+    layers = {m: means[m] for m in BLOCK_METRICS if m in means}
+    stem = {p: {m: v / n for m, v in sums.items()} for p, sums in collector.stem_sums.items() if sums}
+    if with_isi_recon:
+        layers["isi_recon"] = [v / n for v in collector.recon]
+        for p in stem:
+            stem[p]["isi_recon"] = collector.stem_recon[p] / n
+    if labels is not None:
+        _add_probes(collector, labels, probe_train_fraction, seed, layers, stem)
+
+    info = {"family": parts.family, "depth": parts.depth, "num_prefix_tokens": parts.num_prefix_tokens,
+            "has_cls": parts.has_cls, "images": n}
+    options = {"batch_size": batch_size, "isi_recon": with_isi_recon, "recon_components": recon_components,
+               "probe_train_fraction": probe_train_fraction, "seed": seed}
+    result = Analysis(layers, stem, info, phase_metric, None, options)
+    result.phases = result.detect_phases(**dict(phase_options or {}))
+    return result
+
+
+def _add_probes(collector: _Collector, labels: Tensor, train_fraction: float, seed: int,
+                layers: dict[str, list[float]], stem: dict[str, dict[str, float]]) -> None:
+    train, test = split_indices(len(labels), train_fraction, seed)
+    assert collector.patch_feats is not None  # kept with labels, from the first block on
+    feats = [collector.patch_feats] + ([collector.cls_feats] if collector.cls_feats is not None else [])
+    acc = probe_accuracy(torch.cat(feats), labels, train, test).tolist()
+    depth = collector.parts.depth
+    patch, cls = acc[:depth + 2], acc[depth + 2:]
+    layers["probe_patch_mean"] = patch[2:]
+    for i, point in enumerate(STEM_POINTS):
+        if point in stem or point == "embed":
+            stem.setdefault(point, {})["probe_patch_mean"] = patch[i]
+    if cls:
+        layers["probe_cls"] = cls[1:]
+        stem.setdefault("embed", {})["probe_cls"] = cls[0]

@@ -1,0 +1,206 @@
+"""Alerts: the rules that decide each alert kind's condition at a sample, and the episode logic that emits
+each alert once.
+
+Rules (:class:`AlertRules`): ``non_finite`` (a non-finite value in any curve or the loss), ``plateau_onset``
+(the plateau tracker's onset), ``isi_stall`` (mean ISI rose by less than a relative ``min_rise`` over a window of
+samples while the loss fell by more than a relative ``min_loss_drop``), ``cls_marginalized`` (the [CLS] probe
+below the mean-patch probe at the last block) and ``norm_friction_high`` (:mod:`isiwatch.watch.friction`).
+
+A condition that becomes true opens an episode and emits one :class:`Alert`; while it stays true nothing
+more is emitted; when it goes away a ``<kind>_cleared`` record closes the episode. Sinks receive every
+record; a failing sink is logged and never interrupts training.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._utils.state import checked, is_count
+from .friction import friction_alert
+
+if TYPE_CHECKING:
+    from ..measure.phases import PlateauTracker
+    from .sample import Sample
+
+logger = logging.getLogger("isiwatch")
+
+SEVERITY_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}
+#: Alert kinds and their severity.
+ALERT_KINDS = {"plateau_onset": "warning", "isi_stall": "warning", "cls_marginalized": "info",
+               "non_finite": "critical", "norm_friction_high": "info"}
+
+
+@dataclass
+class Alert:
+    """One alert record: ``kind`` (``*_cleared`` closes an episode), the training ``step``, unix ``time``."""
+
+    kind: str
+    step: int
+    time: float
+    run: str
+    severity: str
+    message: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Condition:
+    """The state of one alert condition at one sample."""
+
+    active: bool
+    message: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+AlertSink = Callable[[Alert], None]
+
+
+def non_finite(sample: Sample) -> Condition:
+    """Any non-finite value in a curve or the loss (the series are named)."""
+    bad = sorted(m for m, vals in sample.layers.items() if not all(math.isfinite(v) for v in vals))
+    if sample.loss is not None and not math.isfinite(sample.loss):
+        bad.append("loss")
+    return Condition(bool(bad), f"non-finite values in {', '.join(bad)}", {"series": bad})
+
+
+def plateau_onset(sample: Sample, tracker: PlateauTracker, metric: str) -> Condition:
+    """Plateau onset as ``tracker`` (already updated with ``sample``) decides it, with the sample's span."""
+    ph = sample.phases
+    return Condition(tracker.active,
+                     f"plateau over blocks {ph.plateau[0]}–{ph.plateau[1]} of {metric}" if ph else "plateau gone",
+                     {"plateau": list(ph.plateau) if ph else None, "onset_step": tracker.onset_step, "metric": metric})
+
+
+def cls_marginalized(sample: Sample) -> Condition | None:
+    """The [CLS] probe below the mean-patch probe at the last block; None without both probes."""
+    layers = sample.layers
+    if "probe_cls" not in layers or "probe_patch_mean" not in layers:
+        return None
+    cls_acc, patch_acc = layers["probe_cls"][-1], layers["probe_patch_mean"][-1]
+    return Condition(cls_acc < patch_acc,
+                     f"[CLS] probe {cls_acc:.3f} vs mean-patch probe {patch_acc:.3f} at the last block",
+                     {"probe_cls": cls_acc, "probe_patch_mean": patch_acc})
+
+
+def norm_friction_high(sample: Sample, threshold: float | None) -> Condition | None:
+    """:func:`~isiwatch.watch.friction.friction_alert` as a condition; None without a threshold or a friction curve."""
+    if threshold is None or "norm_friction" not in sample.layers:
+        return None
+    found = friction_alert(sample.layers, threshold)
+    return Condition(found is not None, found["message"] if found else "", found["data"] if found else {})
+
+
+class AlertRules:
+    """Every alert rule of a Watch, with the one piece of history a rule keeps: ``stall``, the (mean ISI, loss)
+    pairs of the last ``isi_stall_window`` samples with both finite."""
+
+    def __init__(self, phase_metric: str, isi_stall_window: int, isi_stall_min_rise: float,
+                 isi_stall_min_loss_drop: float, norm_friction_threshold: float | None = None):
+        self.phase_metric = phase_metric
+        self.min_rise, self.min_loss_drop = isi_stall_min_rise, isi_stall_min_loss_drop
+        self.norm_friction_threshold = norm_friction_threshold
+        self.stall: deque[tuple[float, float]] = deque(maxlen=isi_stall_window)
+
+    def conditions(self, sample: Sample, tracker: PlateauTracker) -> dict[str, Condition]:
+        """The condition of every alert kind that applies to ``sample`` (``tracker`` already updated with it)."""
+        conditions = {"non_finite": non_finite(sample),
+                      "plateau_onset": plateau_onset(sample, tracker, self.phase_metric),
+                      "isi_stall": self.isi_stall(sample)}
+        for kind, condition in (("cls_marginalized", cls_marginalized(sample)),
+                                ("norm_friction_high", norm_friction_high(sample, self.norm_friction_threshold))):
+            if condition is not None:
+                conditions[kind] = condition
+        return conditions
+
+    def isi_stall(self, sample: Sample) -> Condition:
+        """Adds the sample's mean ISI and loss to :attr:`stall`; active when the window is full, mean ISI rose by
+        at most ``min_rise`` (relative) and the loss fell by at least ``min_loss_drop`` (relative)."""
+        isi = sample.layers.get("isi")
+        if isi is None or sample.loss is None or not all(math.isfinite(v) for v in [*isi, sample.loss]):
+            return Condition(False)
+        self.stall.append((sum(isi) / len(isi), sample.loss))
+        if len(self.stall) < (self.stall.maxlen or 0):
+            return Condition(False)
+        (isi0, loss0), (isi1, loss1) = self.stall[0], self.stall[-1]
+        stalled = isi1 - isi0 <= self.min_rise * abs(isi0)
+        falling = loss0 - loss1 >= self.min_loss_drop * abs(loss0)
+        return Condition(stalled and falling,
+                         f"mean ISI {isi0:.4f} → {isi1:.4f} over {len(self.stall)} samples while loss "
+                         f"{loss0:.4f} → {loss1:.4f}", {"isi": [isi0, isi1], "loss": [loss0, loss1]})
+
+
+def log_sink(alert: Alert) -> None:
+    """Python logging: logger ``isiwatch``, level from the severity."""
+    logger.log(SEVERITY_LEVELS.get(alert.severity, logging.INFO), "[%s] step %d: %s", alert.kind, alert.step,
+               alert.message)
+
+
+class AlertEngine:
+    """Tracks open episodes per kind and dispatches records to the sinks."""
+
+    def __init__(self, run: str, sinks: Iterable[AlertSink] = ()):
+        self.run = run
+        self.sinks = list(sinks)
+        self.active: set[str] = set()
+        #: The record that opened each open episode (its step is where the episode began), when known.
+        self.opened: dict[str, Alert] = {}
+
+    def update(self, step: int, conditions: Mapping[str, Condition]) -> list[Alert]:
+        """Emit records for episodes that open or close at ``step``."""
+        records = []
+        now = time.time()
+        for kind, cond in conditions.items():
+            severity = ALERT_KINDS.get(kind, "info")
+            if cond.active and kind not in self.active:
+                self.active.add(kind)
+                self.opened[kind] = Alert(kind, step, now, self.run, severity, cond.message, dict(cond.data))
+                records.append(self.opened[kind])
+            elif not cond.active and kind in self.active:
+                self.active.discard(kind)
+                self.opened.pop(kind, None)
+                records.append(Alert(f"{kind}_cleared", step, now, self.run, "info",
+                                     f"{kind} cleared" + (f": {cond.message}" if cond.message else ""),
+                                     dict(cond.data)))
+        for record in records:
+            self.dispatch(record)
+        return records
+
+    def dispatch(self, alert: Alert) -> None:
+        for sink in self.sinks:
+            try:
+                sink(alert)
+            except Exception:  # a broken sink must not stop training
+                logger.exception("isiwatch: alert sink %r failed", sink)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"active": sorted(self.active),
+                "opened": {kind: {"step": a.step, "time": a.time, "message": a.message, "data": a.data}
+                           for kind, a in sorted(self.opened.items())}}
+
+    def load_state_dict(self, state: Mapping[str, Any], where: str = "AlertEngine state") -> None:
+        """``opened`` (where each open episode began) is optional: states saved before it existed lack it."""
+        kinds = (lambda v: isinstance(v, (list, tuple)) and all(isinstance(k, str) and k in ALERT_KINDS for k in v),
+                 f"a list of alert kinds ({', '.join(ALERT_KINDS)})")
+        active = set(checked(state, where, active=kinds)["active"])
+        opened = {}
+        if state.get("opened") is not None:
+            episodes = checked(state, where, opened=(
+                lambda v: isinstance(v, dict) and set(v) <= active and all(_episode(e) for e in v.values()),
+                'a dict {kind: {"step", "time", "message", "data"}} over the active kinds'))["opened"]
+            opened = {kind: Alert(kind, e["step"], float(e["time"]), self.run, ALERT_KINDS[kind], e["message"],
+                                  dict(e["data"])) for kind, e in episodes.items()}
+        self.active, self.opened = active, opened
+
+
+def _episode(entry: object) -> bool:
+    return (isinstance(entry, dict) and is_count(entry.get("step")) and isinstance(entry.get("time"), (int, float))
+            and isinstance(entry.get("message"), str) and isinstance(entry.get("data"), dict))

@@ -1,0 +1,264 @@
+"""Watch options and their YAML form.
+
+``isiwatch.yaml`` maps one-to-one onto :class:`WatchOptions` at the top level; optional sections named
+after CLI commands (``analyze:``, ``demo:``, ``truncate:``, ``specialize:``) hold that command's options.
+Unknown keys, values of the wrong type or out of range, duplicate keys, aliases and non-standard tags are errors
+that name the key and its line.
+"""
+
+from __future__ import annotations
+
+import math
+import reprlib
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..measure.analysis import METRICS
+from .friction import FRICTION_THRESHOLD
+
+
+class ConfigError(ValueError):
+    """An invalid option; the message names the key (and the file and line for YAML)."""
+
+
+@dataclass
+class WatchOptions:
+    """Every serialisable option of :class:`isiwatch.Watch` (see its docstring for meanings)."""
+
+    every_n_steps: int = 100
+    log_dir: str | None = None
+    run_name: str | None = None
+    prometheus_port: int | None = None
+    prometheus_host: str = "127.0.0.1"
+    pushgateway: str | None = None
+    textfile: str | None = None
+    phase_metric: str = "token_similarity"
+    min_layers: int = 3
+    plateau_patience: int = 3
+    probe_batch_size: int = 256
+    with_isi_recon: bool = False
+    history_size: int = 1000
+    heatmap_every: int = 10
+    isi_stall_window: int = 5
+    isi_stall_min_rise: float = 0.01
+    isi_stall_min_loss_drop: float = 0.01
+    norm_friction_threshold: float | None = FRICTION_THRESHOLD
+    monitor: str | None = None
+    mode: str = "min"
+    min_delta: float = 0.0
+    patience: int = 3
+    warmup: int = 0
+    check_finite: bool = True
+    stopping_threshold: float | None = None
+    divergence_threshold: float | None = None
+    stop_on_plateau: bool = False
+
+    def __post_init__(self) -> None:
+        """Direct construction gets the same type and range checks as YAML and ``Watch(**options)``."""
+        for f in fields(self):
+            setattr(self, f.name, _check(f.name, getattr(self, f.name)))
+
+
+#: Top-level YAML keys that hold a CLI command's options instead of a Watch option.
+COMMAND_SECTIONS = ("analyze", "demo", "truncate", "specialize")
+
+_HINTS = typing.get_type_hints(WatchOptions)
+_NAMES = {f.name for f in fields(WatchOptions)}
+
+
+#: At most this many characters of a user's value are quoted in an error message.
+QUOTE_LIMIT = 200
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, QUOTE_LIMIT, QUOTE_LIMIT
+
+
+def clip(text: str) -> str:
+    """``text`` cut to :data:`QUOTE_LIMIT` characters: a huge value must not turn one error line into megabytes."""
+    return text if len(text) <= QUOTE_LIMIT else text[:QUOTE_LIMIT] + "..."
+
+
+def quote(value: object) -> str:
+    """``repr`` of user content, bounded (reprlib never builds the full text of a huge nested value)."""
+    return clip(_REPR.repr(value))
+
+
+def _at_least(low: int) -> Callable[[object], str | None]:
+    return lambda v: None if not isinstance(v, int) or v >= low else f"must be at least {low}, got {v}"
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[object], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}; got {quote(v)}"
+
+
+def _finite(v: object) -> str | None:
+    return None if not isinstance(v, float) or math.isfinite(v) else f"must be a finite number, got {v}"
+
+
+def _port(v: object) -> str | None:
+    return None if not isinstance(v, int) or 0 <= v <= 65535 else f"must be a port 0-65535, got {v}"
+
+
+#: Range and choice rules, shared by the Watch (through :func:`build_options`) and ``isiwatch config check``.
+_RULES: dict[str, Callable[[object], str | None]] = {
+    "every_n_steps": _at_least(1), "prometheus_port": _port, "phase_metric": _one_of(METRICS),
+    "min_layers": _at_least(2), "plateau_patience": _at_least(1), "probe_batch_size": _at_least(1),
+    "history_size": _at_least(1), "heatmap_every": _at_least(1), "isi_stall_window": _at_least(2),
+    "isi_stall_min_rise": _finite, "isi_stall_min_loss_drop": _finite, "norm_friction_threshold": _finite,
+    "mode": _one_of(("min", "max")), "min_delta": _finite, "patience": _at_least(0), "warmup": _at_least(0),
+    "stopping_threshold": _finite, "divergence_threshold": _finite,
+}
+
+
+def _allowed(hint: type | types.UnionType) -> tuple[type, ...]:
+    return typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+
+
+def _check(key: str, value: object, where: str = "") -> object:
+    """The value of Watch option ``key``, after its type and range checks; ``where`` prefixes errors."""
+    if key not in _NAMES:
+        raise ConfigError(f"{where}unknown option {quote(key)}")
+    allowed = _allowed(_HINTS[key])
+    if isinstance(value, bool) and bool not in allowed:
+        ok = False
+    elif isinstance(value, int) and float in allowed and not isinstance(value, bool):
+        value, ok = float(value), True
+    else:
+        ok = isinstance(value, allowed)
+    if not ok:
+        names = " or ".join("null" if a is type(None) else a.__name__ for a in allowed)
+        raise ConfigError(f"{where}option {key!r} must be {names}, got {type(value).__name__} {quote(value)}")
+    problem = _RULES[key](value) if key in _RULES else None
+    if problem:
+        raise ConfigError(f"{where}option {key!r} {problem}")
+    return value
+
+
+def build_options(config: str | Path | dict[str, object] | None = None, **overrides: object) -> WatchOptions:
+    """Options from a YAML file or dict, with keyword ``overrides`` (explicit arguments) on top."""
+    values: dict[str, Any] = {}  # each value of its WatchOptions field's type, as _check checked
+    if isinstance(config, dict):
+        values = {k: _check(k, v) for k, v in config.items()}
+    elif config is not None:
+        values = load_yaml(config).watch
+    values.update({k: _check(k, v) for k, v in overrides.items()})
+    return WatchOptions(**values)
+
+
+@dataclass
+class ConfigFile:
+    """A parsed ``isiwatch.yaml``: Watch options and per-command sections of ``{key: (value, line)}``."""
+
+    path: Path
+    watch: dict[str, object]
+    sections: dict[str, dict[str, tuple[object, int]]]
+
+
+class _Refused(yaml.MarkedYAMLError):  # type: ignore[misc]  # PyYAML ships no type hints
+    """Valid YAML that a config file may not use."""
+
+
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # same
+    """SafeLoader that refuses aliases and duplicate keys.
+
+    A few hundred bytes of nested aliases expand to gigabytes once printed or converted, and a config file
+    has no need for them; a duplicate key would silently take the last value.
+    """
+
+    def compose_node(self, parent: yaml.Node | None, index: yaml.Node | int | None) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _Refused(problem=f"YAML aliases (*{event.anchor[:40]}) are not supported; write the value out",
+                           problem_mark=event.start_mark)
+        return super().compose_node(parent, index)
+
+    def compose_mapping_node(self, anchor: str | None) -> yaml.MappingNode:
+        node = super().compose_mapping_node(anchor)
+        first: dict[tuple[str, str], int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = (key_node.tag, key_node.value)
+            if key in first:
+                raise _Refused(problem=f"duplicate key {quote(key_node.value)} (first given on line {first[key]})",
+                               problem_mark=key_node.start_mark)
+            first[key] = key_node.start_mark.line + 1
+        return node
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> ConfigError:
+    mark = getattr(exc, "problem_mark", None)
+    line = f":{mark.line + 1}" if mark else ""
+    problem = clip(str(getattr(exc, "problem", None) or exc))
+    return ConfigError(f"{path}{line}: {problem}" if isinstance(exc, _Refused) else
+                       f"{path}{line}: invalid YAML ({problem})")
+
+
+def _compose(text: str, path: Path) -> tuple[_Loader, yaml.Node | None]:
+    """The document's node tree; every YAML problem becomes a one-line :class:`ConfigError`."""
+    loader = _Loader(text)
+    try:
+        return loader, loader.get_single_node()
+    except yaml.YAMLError as exc:
+        raise _yaml_error(path, exc) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML (nested too deeply)") from None
+
+
+def _construct(loader: _Loader, node: yaml.Node, path: Path) -> object:
+    """One value; a tag the safe loader refuses (``!!python/object``, ``!!int abc``) is a config error."""
+    try:
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise _yaml_error(path, exc) from None
+    except Exception as exc:  # standard tags on bad text (!!int abc, !!timestamp x) raise ValueError and friends
+        raise ConfigError(f"{path}:{node.start_mark.line + 1}: invalid YAML value ({clip(str(exc))})") from None
+
+
+def _mapping(node: yaml.Node, path: Path, what: str) -> list[tuple[yaml.ScalarNode, yaml.Node]]:
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{path}:{node.start_mark.line + 1}: {what} must be a mapping of option: value")
+    pairs: list[tuple[yaml.ScalarNode, yaml.Node]] = node.value
+    for key_node, _ in pairs:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise ConfigError(f"{path}:{key_node.start_mark.line + 1}: {what} has a key that is not a name")
+    return pairs
+
+
+def _section(loader: _Loader, node: yaml.Node, path: Path, name: str) -> dict[str, tuple[object, int]]:
+    """``{option: (value, line)}`` of one command section; ``batch-size`` and ``batch_size`` are one key."""
+    result: dict[str, tuple[object, int]] = {}
+    for key_node, value_node in _mapping(node, path, f"section {name!r}"):
+        key, line = key_node.value.replace("-", "_"), key_node.start_mark.line + 1
+        if key in result:
+            raise ConfigError(f"{path}:{line}: duplicate key {quote(key)} in section {name!r} "
+                              f"(first given on line {result[key][1]})")
+        result[key] = (_construct(loader, value_node, path), line)
+    return result
+
+
+def load_yaml(path: str | Path) -> ConfigFile:
+    """Read and validate ``isiwatch.yaml``; errors read ``FILE:LINE: problem``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config ({getattr(exc, 'strerror', None) or exc})") from None
+    loader, root = _compose(text, path)
+    result = ConfigFile(path, {}, {})
+    if root is None:
+        return result
+    for key_node, value_node in _mapping(root, path, "the config"):
+        key = key_node.value
+        if key in COMMAND_SECTIONS:
+            result.sections[key] = _section(loader, value_node, path, key)
+        else:
+            where = f"{path}:{key_node.start_mark.line + 1}: "
+            result.watch[key] = _check(key, _construct(loader, value_node, path), where)
+    return result

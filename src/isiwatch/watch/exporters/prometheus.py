@@ -1,0 +1,175 @@
+"""Prometheus export (namespace ``isiwatch``): an HTTP endpoint on 127.0.0.1 by default, a push gateway,
+or a node-exporter textfile. Export problems are logged; they never stop training."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, push_to_gateway, start_http_server
+from prometheus_client import write_to_textfile as _write_textfile
+
+from ..alerts import ALERT_KINDS, Alert
+from ..sample import Sample
+
+logger = logging.getLogger("isiwatch")
+
+#: Every metric name the exporter publishes (rules and dashboards may only query these).
+EXPORTED_NAMES = (
+    "isiwatch_layer_metric", "isiwatch_plateau_detected", "isiwatch_plateau_start_layer",
+    "isiwatch_plateau_end_layer", "isiwatch_plateau_length_layers", "isiwatch_plateau_onset_step",
+    "isiwatch_plateau_onset_start_layer", "isiwatch_plateau_onset_end_layer", "isiwatch_alerts_total",
+    "isiwatch_alert_active", "isiwatch_alert_start_step", "isiwatch_last_sample_timestamp_seconds",
+    "isiwatch_sample_duration_seconds", "isiwatch_training_step", "isiwatch_training_loss",
+    "isiwatch_stop_requested", "isiwatch_recommended_depth",
+)
+
+
+class PrometheusExporter:
+    """Gauges per layer and metric plus plateau, recommended-depth, alert and liveness series, labelled by
+    ``run``.
+
+    A value that does not exist is not published (the series is absent), never a sentinel such as -1: the
+    plateau span while the sample has no plateau, the onset step and span while no ``plateau_onset``
+    episode is open, an alert kind's start step while its episode is closed."""
+
+    def __init__(self, run: str, registry: CollectorRegistry | None = None, port: int | None = None,
+                 host: str = "127.0.0.1", pushgateway: str | None = None, textfile: str | Path | None = None,
+                 job: str = "isiwatch"):
+        self.run = run
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.pushgateway, self.textfile, self.job = pushgateway, textfile, job
+        r, run_label = self.registry, ["run"]
+        self.layer_metric = Gauge("isiwatch_layer_metric", "Per-layer diagnostic value",
+                                  ["run", "layer", "metric"], registry=r)
+        self.plateau_detected = Gauge("isiwatch_plateau_detected", "1 if the phase curve has a plateau",
+                                      run_label, registry=r)
+        self.plateau_start = Gauge("isiwatch_plateau_start_layer",
+                                   "First block of the plateau in the last sample (absent: none)", run_label,
+                                   registry=r)
+        self.plateau_end = Gauge("isiwatch_plateau_end_layer",
+                                 "Last block of the plateau in the last sample (absent: none)", run_label,
+                                 registry=r)
+        self.plateau_length = Gauge("isiwatch_plateau_length_layers", "Plateau length in blocks",
+                                    run_label, registry=r)
+        self.onset_step = Gauge("isiwatch_plateau_onset_step",
+                                "Training step of plateau onset (absent: no plateau_onset episode open)",
+                                run_label, registry=r)
+        self.onset_start = Gauge("isiwatch_plateau_onset_start_layer",
+                                 "First block of the plateau the open plateau_onset episode began with",
+                                 run_label, registry=r)
+        self.onset_end = Gauge("isiwatch_plateau_onset_end_layer",
+                               "Last block of the plateau the open plateau_onset episode began with",
+                               run_label, registry=r)
+        self.alerts_total = Counter("isiwatch_alerts", "Alert records emitted", ["run", "kind"], registry=r)
+        self.alert_active = Gauge("isiwatch_alert_active", "1 while an alert episode is open",
+                                  ["run", "kind"], registry=r)
+        self.alert_start = Gauge("isiwatch_alert_start_step", "Training step at which the open episode began",
+                                 ["run", "kind"], registry=r)
+        self.last_sample = Gauge("isiwatch_last_sample_timestamp_seconds", "Unix time of the last sample",
+                                 run_label, registry=r)
+        self.duration = Histogram("isiwatch_sample_duration_seconds", "Probe pass + metrics wall time",
+                                  run_label, registry=r,
+                                  buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.step = Gauge("isiwatch_training_step", "Training step of the last sample", run_label, registry=r)
+        self.loss = Gauge("isiwatch_training_loss", "Training loss at the last sample", run_label, registry=r)
+        self.stop = Gauge("isiwatch_stop_requested", "1 once isiwatch asked training to stop", run_label,
+                          registry=r)
+        self.recommended_depth = Gauge("isiwatch_recommended_depth",
+                                       "Blocks the model needs (isiwatch.measure.depth.recommend_depth)", run_label,
+                                       registry=r)
+        self.server = None
+        if port is not None:
+            try:
+                self.server, _ = start_http_server(port, addr=host, registry=self.registry)
+            except OSError as exc:
+                logger.warning("isiwatch: cannot serve Prometheus metrics on %s:%s (%s); HTTP export is off, "
+                               "training continues", host, port, exc.strerror or exc)
+
+    @property
+    def port(self) -> int | None:
+        return self.server.server_address[1] if self.server else None
+
+    def write_sample(self, sample: Sample, onset_step: int | None, active_alerts: set[str],
+                     stop_requested: bool, opened: Mapping[str, Alert] | None = None) -> None:
+        """``opened``: the record that opened each open episode (:attr:`isiwatch.watch.alerts.AlertEngine.opened`)."""
+        opened = opened or {}
+        for metric, values in sample.layers.items():
+            for i, v in enumerate(values):
+                self.layer_metric.labels(self.run, f"{i:02d}", metric).set(v)
+        ph = sample.phases
+        self.plateau_detected.labels(self.run).set(int(ph is not None))
+        _set(self.plateau_start, ph.plateau[0] if ph else None, self.run)
+        _set(self.plateau_end, ph.plateau[1] if ph else None, self.run)
+        self.plateau_length.labels(self.run).set(ph.length if ph else 0)
+        _set(self.onset_step, onset_step, self.run)
+        span = opened["plateau_onset"].data.get("plateau") if "plateau_onset" in opened else None
+        _set(self.onset_start, span[0] if span else None, self.run)
+        _set(self.onset_end, span[1] if span else None, self.run)
+        for kind in ALERT_KINDS:
+            self.alert_active.labels(self.run, kind).set(int(kind in active_alerts))
+            _set(self.alert_start, opened[kind].step if kind in opened else None, self.run, kind)
+        self.last_sample.labels(self.run).set(sample.time)
+        self.duration.labels(self.run).observe(sample.duration_s)
+        self.step.labels(self.run).set(sample.step)
+        if sample.loss is not None and math.isfinite(sample.loss):
+            self.loss.labels(self.run).set(sample.loss)
+        self.stop.labels(self.run).set(int(stop_requested))
+        if sample.recommendation is not None:
+            self.recommended_depth.labels(self.run).set(sample.recommendation.depth)
+        self.publish()
+
+    def rename(self, run: str) -> None:
+        """Publish under ``run`` from now on (a resumed run's name); the series already published under the old
+        name are removed (each metric's ``remove``; other runs' series in a shared registry stay), so one run
+        never shows as two."""
+        if run == self.run:
+            return
+        self.remove_series()
+        self.run = run
+
+    def remove_series(self) -> None:
+        """Remove every series this run published, and only those."""
+        by_kind = (self.alerts_total, self.alert_active, self.alert_start)
+        for metric in (self.layer_metric, *by_kind, self.plateau_detected, self.plateau_start, self.plateau_end,
+                       self.plateau_length, self.onset_step, self.onset_start, self.onset_end, self.last_sample,
+                       self.duration, self.step, self.loss, self.stop, self.recommended_depth):
+            names = ("run", "layer", "metric") if metric is self.layer_metric else (
+                ("run", "kind") if metric in by_kind else ("run",))  # as declared above
+            published = {tuple(s.labels[n] for n in names) for family in metric.collect() for s in family.samples
+                         if s.labels.get("run") == self.run}
+            for labels in published:
+                metric.remove(*labels)
+
+    def write_alert(self, alert: Alert) -> None:
+        self.alerts_total.labels(self.run, alert.kind).inc()
+
+    def publish(self) -> None:
+        """Push to the gateway and/or rewrite the textfile, if configured."""
+        try:
+            if self.pushgateway:
+                push_to_gateway(self.pushgateway, job=self.job, registry=self.registry,
+                                grouping_key={"run": self.run})
+            if self.textfile:
+                _write_textfile(str(self.textfile), self.registry)
+        except OSError as exc:
+            logger.warning("isiwatch: Prometheus push/textfile export failed (%s); training continues", exc)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+def _set(gauge: Gauge, value: float | None, *labels: str) -> None:
+    """Set the labelled series, or remove it when there is no value (absent, not a -1 sentinel)."""
+    if value is None:
+        try:
+            gauge.remove(*labels)
+        except KeyError:  # prometheus_client before 0.21 raises for a series that was never set
+            pass
+    else:
+        gauge.labels(*labels).set(value)

@@ -1,0 +1,69 @@
+"""TensorBoard: per-layer scalars, plateau summary, a custom-scalar layout, depth × step heat-maps, alerts.
+
+Tags: ``isiwatch/<metric>/layer_<ll>``, ``isiwatch/plateau/{start,end,length}``,
+``isiwatch/recommended_depth`` (blocks :func:`isiwatch.measure.depth.recommend_depth` keeps), heat-map images
+``isiwatch/heatmap/<metric>`` (:func:`isiwatch.measure.plots.heatmap_figure`: blocks × training step over the kept
+history, colour scaled to the metric's range over the shown samples) and alert text under ``isiwatch/alerts``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from ...measure.plots import heatmap_figure
+from ..alerts import Alert
+from ..sample import Sample
+
+
+class TensorBoardExporter:
+    """Writes through ``torch.utils.tensorboard.SummaryWriter``; heat-maps every ``heatmap_every`` samples."""
+
+    def __init__(self, log_dir: str | Path, heatmap_every: int = 10):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir))
+        self.heatmap_every = heatmap_every
+        self._layout_written = False
+        self._samples = 0
+
+    def _write_layout(self, sample: Sample) -> None:
+        charts = {m: ["Multiline", [f"isiwatch/{m}/layer_.*"]] for m in sample.layers}
+        charts["plateau"] = ["Multiline", ["isiwatch/plateau/start", "isiwatch/plateau/end"]]
+        if sample.recommendation is not None:
+            charts["recommended_depth"] = ["Multiline", ["isiwatch/recommended_depth"]]
+        self.writer.add_custom_scalars({"isiwatch": charts})
+        self._layout_written = True
+
+    def write_sample(self, sample: Sample, history: Sequence[Sample]) -> None:
+        if not self._layout_written:
+            self._write_layout(sample)
+        for name, value in sample.series().items():
+            if name.startswith("plateau/") and not math.isfinite(value):
+                continue
+            self.writer.add_scalar(f"isiwatch/{name}", value, sample.step, walltime=sample.time)
+        self.writer.add_scalar("isiwatch/sample_duration_seconds", sample.duration_s, sample.step)
+        self._samples += 1
+        if self._samples % self.heatmap_every == 0:
+            self.write_heatmaps(history)
+        self.writer.flush()
+
+    def write_heatmaps(self, history: Sequence[Sample]) -> None:
+        if not history:
+            return
+        last = history[-1]
+        for metric in last.layers:
+            shown = [s for s in history if s.depth == last.depth]
+            rows = [s.layers.get(metric, [math.nan] * last.depth) for s in shown]
+            figure = heatmap_figure([s.step for s in shown], {metric: rows})
+            self.writer.add_figure(f"isiwatch/heatmap/{metric}", figure, last.step)
+
+    def write_alert(self, alert: Alert) -> None:
+        self.writer.add_text("isiwatch/alerts", f"**{alert.kind}** ({alert.severity}): {alert.message}",
+                             alert.step, walltime=alert.time)
+        self.writer.flush()
+
+    def close(self, history: Sequence[Sample] = ()) -> None:
+        self.write_heatmaps(history)
+        self.writer.close()

@@ -1,0 +1,341 @@
+"""``Watch``: the training-time monitor.
+
+Every ``every_n_steps`` optimizer steps it runs one probe pass on a fixed probe batch, records the
+per-layer curves, detects the phases and plateau onset, recommends a depth (:mod:`isiwatch.measure.depth`), raises
+alerts, updates early stopping and exports to TensorBoard, Prometheus and JSONL; closing it samples the last
+step once more if that step was not sampled. Between sampling steps ``step()`` is a modulo and a return.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from .._utils.state import PRESENT, checked, is_count, is_number, optional
+from ..measure.analysis import METRICS, analyze, tracked_metrics, untracked_reason
+from ..measure.depth import recommend_depth
+from ..measure.phases import PlateauTracker
+from ..taps import ViTParts, input_problem, unwrap_model, vit_parts
+from .alerts import Alert, AlertEngine, AlertRules, AlertSink, log_sink
+from .config import WatchOptions, build_options
+from .exporters import JsonlExporter, PrometheusExporter, TensorBoardExporter
+from .sample import PLATEAU_SERIES, Sample, series_names
+from .stopping import EarlyStopping, PlateauStopping
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+logger = logging.getLogger("isiwatch")
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _stall_entry(entry: object) -> bool:
+    return isinstance(entry, (list, tuple)) and len(entry) == 2 and all(is_number(v) for v in entry)
+
+
+def _check_probe_batch(parts: ViTParts, images: object, labels: object, opts: WatchOptions) -> None:
+    """The probe batch fits the model and the options, checked without a forward pass."""
+    if not isinstance(images, Tensor) or images.dim() != 4 or len(images) < 4:
+        shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+        raise ValueError(f"probe_images must be a (B,C,H,W) tensor with B >= 4, got {shape}")
+    problem = input_problem(parts, images.shape)
+    if problem:
+        raise ValueError(f"probe_images do not fit the model: {problem}")
+    n = len(images)
+    if labels is not None:
+        if not isinstance(labels, Tensor) or labels.dim() != 1:
+            shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+            raise ValueError(f"probe_labels must be a 1-D tensor of class indices (B,), got {shape}")
+        if len(labels) != n:
+            raise ValueError(f"probe_labels has {len(labels)} labels for {n} probe images; give one per image")
+    if opts.with_isi_recon:
+        if parts.patch_embed is None:
+            raise ValueError("with_isi_recon needs the patch embeddings, but this model exposes no patch embedding")
+        last = n % opts.probe_batch_size or min(n, opts.probe_batch_size)
+        if last < 4:
+            raise ValueError(f"with_isi_recon needs at least 4 images in every probe chunk, but the smallest has "
+                             f"{last} ({n} probe images in chunks of probe_batch_size={opts.probe_batch_size})")
+
+
+class Watch:
+    """Monitor a ViT while it trains.
+
+    ``probe_images`` (B,C,H,W) and optional ``probe_labels`` (B,) form the fixed probe batch (labels enable
+    the linear probes and the [CLS] alert). Options (also from ``config``, a YAML path or dict; explicit
+    keyword arguments win) are the fields of :class:`isiwatch.watch.config.WatchOptions`:
+
+    - sampling: ``every_n_steps``, ``probe_batch_size``, ``with_isi_recon``, ``history_size`` (samples
+      kept in ``history``);
+    - phases: ``phase_metric``, ``min_layers``, ``plateau_patience`` (samples a stable plateau must last
+      before ``plateau_onset``);
+    - alerts: ``isi_stall_window``/``isi_stall_min_rise``/``isi_stall_min_loss_drop`` (mean ISI rose by
+      less than ``min_rise`` (relative) over the window while the loss fell by more than
+      ``min_loss_drop`` (relative)), ``norm_friction_threshold``; ``alert_callback(alert)``;
+    - early stopping (Lightning's names and rule): ``monitor`` (a series such as ``"probe_cls/last"``,
+      ``"isi/layer_03"`` or ``"loss"``), ``mode``, ``min_delta``, ``patience``, ``check_finite``,
+      ``stopping_threshold``, ``divergence_threshold``; isiwatch's own ``warmup`` (samples ignored first);
+      ``stop_on_plateau``;
+    - export: ``log_dir`` (TensorBoard + ``metrics.jsonl`` + ``alerts.jsonl``), ``registry`` (a
+      prometheus_client ``CollectorRegistry``; a private one by default), ``prometheus_port`` (HTTP on
+      ``prometheus_host``, 127.0.0.1 by default), ``pushgateway``, ``textfile``, ``run_name``.
+
+    The options, the probe batch (shape, labels, channels against the model's patch embedding) and the names
+    in ``monitor`` and ``phase_metric`` (against :attr:`series_names`, the series this model's samples hold)
+    are checked here, without a forward pass: a ``ValueError`` now, not at the first sample mid-training.
+
+    Under torch.distributed every rank runs the probe pass (required for sharded models) and all ranks
+    reach the same stop decision; only rank 0 exports.
+    """
+
+    def __init__(self, model: nn.Module, probe_images: Tensor, probe_labels: Tensor | None = None, *,
+                 every_n_steps: int | None = None, log_dir: str | Path | None = None,
+                 registry: CollectorRegistry | None = None,
+                 prometheus_port: int | None = None, run_name: str | None = None,
+                 config: str | Path | dict[str, Any] | None = None, alert_callback: AlertSink | None = None,
+                 **options: Any):
+        explicit = {k: v for k, v in {"every_n_steps": every_n_steps, "prometheus_port": prometheus_port,
+                                      "run_name": run_name,
+                                      "log_dir": None if log_dir is None else str(log_dir)}.items()
+                    if v is not None}
+        self.options = opts = build_options(config, **explicit, **options)  # range-checks every option
+        self.model = model
+        self._probe_model = unwrap_model(model)
+        self._parts = vit_parts(self._probe_model)
+        _check_probe_batch(self._parts, probe_images, probe_labels, opts)
+        self.probe_images = probe_images
+        self.probe_labels = probe_labels
+        metrics = tracked_metrics(self._parts.has_cls, probe_labels is not None, opts.with_isi_recon)
+        #: Every series a sample of this model can hold: what ``monitor`` may name.
+        self.series_names = frozenset(series_names(metrics, self._parts.depth))
+        self._check_series(probe_labels is not None)
+        #: The run's name in every export; without ``run_name`` a random one, replaced by the saved run's name
+        #: on ``load_state_dict``, so a resumed run stays one run.
+        self.run = opts.run_name or f"run-{uuid.uuid4().hex[:8]}"
+        self.rank = torch.distributed.get_rank() if _distributed() else 0
+        self.history: deque[Sample] = deque(maxlen=opts.history_size)
+        self.tracker, self.stoppers, self.plateau_stopper = self._new_policies()
+        self.rules = AlertRules(opts.phase_metric, opts.isi_stall_window, opts.isi_stall_min_rise,
+                                opts.isi_stall_min_loss_drop, opts.norm_friction_threshold)
+        self.should_stop = False
+        self.stop_reason: str | None = None
+        self.last_step: int | None = None
+        #: Factor applied to the loss when a sample reads it (a framework that hands over a scaled loss, e.g.
+        #: Lightning's loss divided by gradient accumulation, sets it once instead of rescaling every step).
+        self.loss_scale = 1.0
+        self._seen_step: int | None = None  # the last step() call, for the final sample
+        self._seen_loss: float | Tensor | None = None
+        self._closed = False
+
+        self.jsonl = self.tensorboard = self.prometheus = None
+        sinks: list[AlertSink] = [log_sink]
+        if self.rank == 0:
+            if opts.log_dir:
+                self.jsonl = JsonlExporter(opts.log_dir, self.run)
+                self.tensorboard = TensorBoardExporter(opts.log_dir, opts.heatmap_every)
+                sinks += [self.jsonl.write_alert, self.tensorboard.write_alert]
+            if registry is not None or opts.prometheus_port is not None or opts.pushgateway or opts.textfile:
+                self.prometheus = PrometheusExporter(self.run, registry, opts.prometheus_port,
+                                                     opts.prometheus_host, opts.pushgateway, opts.textfile)
+                sinks.append(self.prometheus.write_alert)
+        if alert_callback is not None:
+            sinks.append(alert_callback)
+        self.alerts = AlertEngine(self.run, sinks)
+
+    def _check_series(self, probes: bool) -> None:
+        """``phase_metric`` and ``monitor`` name curves this model's samples will have (checked here, not at
+        the first sample, which may be hours into training)."""
+        opts, parts = self.options, self._parts
+        reason = untracked_reason(opts.phase_metric, parts.has_cls, probes, opts.with_isi_recon)
+        if reason:
+            raise ValueError(f"phase_metric {opts.phase_metric!r} cannot be tracked: {reason}")
+        if not opts.monitor or opts.monitor in self.series_names:
+            return
+        metric, _, part = opts.monitor.partition("/")
+        reason = untracked_reason(metric, parts.has_cls, probes, opts.with_isi_recon) if part else None
+        if reason and metric in METRICS:
+            hint = reason
+        else:
+            close = difflib.get_close_matches(opts.monitor, sorted(self.series_names), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            hint += (f"series are <metric>/layer_00…layer_{parts.depth - 1:02d}, <metric>/last and <metric>/mean "
+                     f"for {', '.join(m for m in METRICS if f'{m}/last' in self.series_names)}; "
+                     f"{', '.join(PLATEAU_SERIES)}, recommended_depth and loss")
+        raise ValueError(f"monitor {opts.monitor!r} is not a tracked series: {hint}")
+
+    def _new_policies(self) -> tuple[PlateauTracker, list[EarlyStopping], PlateauStopping | None]:
+        """Fresh onset tracking and early-stopping policies from the options."""
+        opts = self.options
+        stoppers = [EarlyStopping(opts.monitor, opts.mode, opts.min_delta, opts.patience, opts.warmup,
+                                  opts.check_finite, opts.stopping_threshold, opts.divergence_threshold)
+                    ] if opts.monitor else []
+        plateau_stopper = PlateauStopping(opts.plateau_patience) if opts.stop_on_plateau else None
+        return PlateauTracker(opts.plateau_patience), stoppers, plateau_stopper
+
+    # -- sampling ---------------------------------------------------------------------------------
+    def step(self, global_step: int, loss: float | Tensor | None = None) -> list[Alert]:
+        """Call after every optimizer step; samples when ``global_step`` is a multiple of ``every_n_steps``.
+
+        ``loss`` (optional, read only on sampling steps and by :meth:`finish`) feeds the ``isi_stall`` alert
+        and the ``loss`` series. Returns the alert records emitted at this step.
+        """
+        self._seen_step, self._seen_loss = global_step, loss
+        if global_step % self.options.every_n_steps or global_step == self.last_step:
+            return []
+        return self.sample(global_step, loss)
+
+    def finish(self) -> list[Alert]:
+        """Sample the last step passed to :meth:`step` unless it was sampled: the final weights are always in the
+        record, and a run shorter than ``every_n_steps`` has one sample, not none. Early stopping is not
+        updated (training is over, and ``stop_reason`` must not claim a stop that did not happen).
+        :meth:`close` calls it; the integrations call it earlier, while the framework's loggers are open."""
+        if self._seen_step is None or self._seen_step == self.last_step:
+            return []
+        return self._sample(self._seen_step, self._seen_loss, stopping=False)
+
+    def sample(self, global_step: int, loss: float | Tensor | None = None) -> list[Alert]:
+        """Run one probe pass now, regardless of ``every_n_steps``."""
+        return self._sample(global_step, loss, stopping=True)
+
+    def _sample(self, global_step: int, loss: float | Tensor | None, stopping: bool) -> list[Alert]:
+        self.last_step = global_step
+        if loss is not None:
+            loss = float(loss.detach() if isinstance(loss, Tensor) else loss) * self.loss_scale
+        start = time.perf_counter()
+        analysis = analyze(self._probe_model, self.probe_images, self.probe_labels,
+                           batch_size=self.options.probe_batch_size, with_isi_recon=self.options.with_isi_recon,
+                           phase_metric=self.options.phase_metric,
+                           phase_options={"min_layers": self.options.min_layers}, parts=self._parts)
+        recommendation = recommend_depth(analysis)
+        sample = Sample(global_step, time.time(), analysis.layers, analysis.phases,
+                        time.perf_counter() - start, loss, recommendation)
+        self.history.append(sample)
+        self.tracker.update(global_step, sample.phases)
+        alerts = self.alerts.update(global_step, self.rules.conditions(sample, self.tracker))
+        if stopping:
+            self._update_stopping(sample)
+        if self.jsonl:
+            self.jsonl.write_sample(sample)
+        if self.tensorboard:
+            self.tensorboard.write_sample(sample, self.history)
+        if self.prometheus:
+            self.prometheus.write_sample(sample, self.tracker.onset_step, self.alerts.active, self.should_stop,
+                                         self.alerts.opened)
+        return alerts
+
+    def _update_stopping(self, sample: Sample) -> None:
+        series = sample.series()
+        reasons = []
+        for stopper in self.stoppers:
+            reasons.append(stopper.update(series.get(stopper.monitor)))
+        if self.plateau_stopper is not None:
+            reasons.append(self.plateau_stopper.update(sample.phases, sample.last_layer_accuracy()))
+        reason = next((r for r in reasons if r), None)
+        stop = self._agree(reason is not None)
+        if stop and not self.should_stop:
+            self.should_stop = True
+            self.stop_reason = reason or "another rank requested the stop"
+            self.alerts.dispatch(Alert("early_stop", sample.step, time.time(), self.run, "warning",
+                                       f"stopping training: {self.stop_reason}"))
+
+    def _agree(self, stop: bool) -> bool:
+        """Every rank gets the same answer: stop if any rank wants to."""
+        if not _distributed():
+            return stop
+        device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([float(stop)], device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+    # -- state ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume alerts, onset tracking and early stopping (not the history)."""
+        return {"version": 1, "run": self.run, "last_step": self.last_step, "should_stop": self.should_stop,
+                "stop_reason": self.stop_reason, "tracker": self.tracker.state_dict(),
+                "alerts": self.alerts.state_dict(), "stoppers": [s.state_dict() for s in self.stoppers],
+                "plateau_stopper": self.plateau_stopper.state_dict() if self.plateau_stopper else None,
+                "isi_stall": [list(p) for p in self.rules.stall]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output, all or nothing: the whole state is validated (and loaded into
+        fresh policies) before anything is assigned, so a bad state raises ``ValueError`` naming the field
+        and leaves the Watch as it was."""
+        version = checked(state, "Watch state", version=PRESENT)["version"]
+        if version != 1:
+            raise ValueError(f"unsupported Watch state version {version!r}")
+        s = checked(state, "Watch state", last_step=(optional(is_count), "null or an int >= 0"),
+                    should_stop=(lambda v: isinstance(v, bool), "a bool"),
+                    stop_reason=(optional(lambda v: isinstance(v, str)), "null or a string"),
+                    tracker=PRESENT, alerts=PRESENT, plateau_stopper=PRESENT,
+                    stoppers=(lambda v: isinstance(v, (list, tuple)) and len(v) == len(self.stoppers),
+                              f"a list of {len(self.stoppers)} early-stopping states (this Watch's monitor)"),
+                    isi_stall=(lambda v: isinstance(v, (list, tuple)) and all(_stall_entry(p) for p in v),
+                               "a list of [mean ISI, loss] pairs"))
+        run = state.get("run", self.run)  # absent in states saved before isiwatch recorded it
+        if not isinstance(run, str) or not run:
+            raise ValueError(f"invalid Watch state: 'run' must be a non-empty string, got {run!r}")
+        run = self.options.run_name or run  # an explicit run_name wins over the saved one
+        tracker, stoppers, plateau_stopper = self._new_policies()
+        alerts = AlertEngine(run)
+        tracker.load_state_dict(s["tracker"], "Watch state['tracker']")
+        alerts.load_state_dict(s["alerts"], "Watch state['alerts']")
+        for i, (stopper, sub) in enumerate(zip(stoppers, s["stoppers"])):
+            stopper.load_state_dict(sub, f"Watch state['stoppers'][{i}]")
+        if plateau_stopper is not None and s["plateau_stopper"] is not None:
+            plateau_stopper.load_state_dict(s["plateau_stopper"], "Watch state['plateau_stopper']")
+        # everything is valid: assign
+        self._rename(run)
+        self.last_step, self.should_stop, self.stop_reason = s["last_step"], s["should_stop"], s["stop_reason"]
+        self.tracker, self.stoppers, self.plateau_stopper = tracker, stoppers, plateau_stopper
+        self.alerts.active, self.alerts.opened = alerts.active, alerts.opened
+        self.rules.stall.clear()
+        self.rules.stall.extend((float(i), float(loss)) for i, loss in s["isi_stall"])
+
+    def _rename(self, run: str) -> None:
+        if run == self.run:
+            return
+        self.run = self.alerts.run = run
+        if self.jsonl:
+            self.jsonl.run = run
+        if self.prometheus:
+            self.prometheus.rename(run)
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def close(self, *, final_sample: bool = True) -> None:
+        """Take the final sample (:meth:`finish`; ``final_sample=False`` skips it, e.g. after a crash), warn if
+        the run has no sample at all, then flush and close the exporters (heat-maps are written one last time).
+        A second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        if final_sample:
+            self.finish()
+            if self.last_step is None:
+                logger.warning("isiwatch: run %s ended without a single sample: step() was never called, so "
+                               "nothing was recorded", self.run)
+        self._seen_loss = None  # may hold the caller's loss tensor
+        if self.tensorboard:
+            self.tensorboard.close(self.history)
+            self.tensorboard = None
+        if self.jsonl:
+            self.jsonl.close()
+            self.jsonl = None
+        if self.prometheus:
+            self.prometheus.close()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(final_sample=exc_type is None)  # no probe pass on a model an exception left behind

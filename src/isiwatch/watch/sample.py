@@ -1,0 +1,81 @@
+"""One sampling step of the monitor: the per-layer curves, phases and loss at a training step."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .._utils.files import finite_or_none
+from ..measure.depth import DepthRecommendation
+from ..measure.phases import Phases
+
+#: The plateau series every sample holds.
+PLATEAU_SERIES = ("plateau/detected", "plateau/start", "plateau/end", "plateau/length")
+
+
+def series_names(metrics: Iterable[str], depth: int) -> set[str]:
+    """Every name :meth:`Sample.series` can hold for samples with per-layer ``metrics`` over ``depth`` blocks
+    (``loss`` included: it is there whenever the caller passes a loss)."""
+    per_metric = ("last", "mean", *(f"layer_{i:02d}" for i in range(depth)))
+    return {f"{m}/{s}" for m in metrics for s in per_metric} | {*PLATEAU_SERIES, "recommended_depth", "loss"}
+
+
+@dataclass
+class Sample:
+    """Per-layer curves at training ``step``; ``duration_s`` is the probe pass + metrics wall time;
+    ``recommendation`` the depth :func:`isiwatch.measure.depth.recommend_depth` reads from these curves."""
+
+    step: int
+    time: float
+    layers: dict[str, list[float]]
+    phases: Phases | None
+    duration_s: float
+    loss: float | None = None
+    recommendation: DepthRecommendation | None = None
+
+    @property
+    def depth(self) -> int:
+        return len(next(iter(self.layers.values()))) if self.layers else 0
+
+    def series(self) -> dict[str, float]:
+        """Flat named series (see :attr:`_series`), built once per sample: the stopper, TensorBoard and the
+        framework loggers all read it."""
+        return self._series
+
+    @functools.cached_property
+    def _series(self) -> dict[str, float]:
+        """Flat named series for early stopping and export: ``<metric>/layer_<ll>``, ``<metric>/last``,
+        ``<metric>/mean``, ``plateau/{detected,start,end,length}``, ``recommended_depth`` and ``loss``."""
+        out: dict[str, float] = {}
+        for metric, values in self.layers.items():
+            for i, v in enumerate(values):
+                out[f"{metric}/layer_{i:02d}"] = v
+            out[f"{metric}/last"] = values[-1]
+            out[f"{metric}/mean"] = sum(values) / len(values)
+        ph = self.phases
+        out["plateau/detected"] = float(ph is not None)
+        out["plateau/start"] = float(ph.plateau[0]) if ph else math.nan
+        out["plateau/end"] = float(ph.plateau[1]) if ph else math.nan
+        out["plateau/length"] = float(ph.length) if ph else 0.0
+        if self.recommendation is not None:
+            out["recommended_depth"] = float(self.recommendation.depth)
+        if self.loss is not None:
+            out["loss"] = self.loss
+        return out
+
+    def last_layer_accuracy(self) -> float | None:
+        """The last block's probe accuracy ([CLS] when the model has one, else mean-pooled patches)."""
+        for metric in ("probe_cls", "probe_patch_mean"):
+            if metric in self.layers:
+                return self.layers[metric][-1]
+        return None
+
+    def to_dict(self, run: str) -> dict[str, Any]:
+        return {"step": self.step, "time": self.time, "run": run, "loss": finite_or_none(self.loss),
+                "duration_s": self.duration_s,
+                "layers": {m: [finite_or_none(v) for v in vals] for m, vals in self.layers.items()},
+                "phases": self.phases.to_dict() if self.phases else None,
+                "recommendation": self.recommendation.to_dict() if self.recommendation else None}
