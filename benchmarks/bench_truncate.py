@@ -39,18 +39,25 @@ from isiwatch.measure.analysis import analyze
 from isiwatch.measure.boundary_distances import boundary_distances
 from isiwatch.measure.phases import Phases
 from isiwatch.truncation.cost import count_flops, count_parameters, forward_flops, measure_latency
-from isiwatch.truncation.healing import accuracy, make_digits_vit, predict, train_classifier
-from isiwatch.truncation.truncate import (
-    HEAL_EPOCHS,
-    HEAL_LR,
-    STRATEGIES,
-    choose_blocks,
-    cut_vit,
+from isiwatch.truncation.healing import (
+    accuracy,
     default_train_last,
     heal,
-    plateau_keep,
+    make_digits_vit,
+    predict,
     prepare_healing,
+    train_classifier,
 )
+from isiwatch.truncation.strategies import STRATEGIES, CutInputs
+from isiwatch.truncation.truncate import HEAL_EPOCHS, HEAL_LR, choose_blocks, cut_vit
+
+
+def plateau_keep(phases: Phases) -> int:
+    """The plateau strategy's default depth for the 12-block base model (the registry's rule)."""
+    rule = STRATEGIES["plateau"].default_keep
+    assert rule is not None
+    return rule(12, CutInputs(phases=phases))
+
 
 BASE_BATCH = 256  # pre-training and scratch batch (fewer, larger steps: per-step overhead dominates on CPU)
 BASE_LR = 3e-3
@@ -122,7 +129,7 @@ def run_seed(seed: int, args, data, work: Path, items: Items) -> None:
     reference = predict(model, test_x)
     found = base["phases"]["token_similarity"]
     phases = Phases(*(tuple(found[k]) if found[k] else None for k in ("plateau", "cliff", "climb"))) if found else None
-    keeps = sorted({*args.keeps, *([plateau_keep(phases, 12)] if phases else [])})
+    keeps = sorted({*args.keeps, *([plateau_keep(phases)] if phases else [])})
     distances = boundary_distances(model, train_x[:512])
     for keep in keeps:
         for strategy in STRATEGIES:
@@ -136,19 +143,19 @@ def run_seed(seed: int, args, data, work: Path, items: Items) -> None:
             steps = heal(cut, train_x, train_y, train_last=default_train_last(keep), seed=seed)
             after = predict(cut, test_x)
             row = items.add({"key": key, "seed": seed, "keep": keep, "strategy": strategy, "kept": kept,
-                             "auto": phases is not None and keep == plateau_keep(phases, 12),
+                             "auto": phases is not None and keep == plateau_keep(phases),
                              "cut": float((before == test_y).float().mean()),
                              "healed": float((after == test_y).float().mean()),
                              "agreement": float((after == reference).float().mean()),
                              "heal_steps": steps, "heal_seconds": time.perf_counter() - start})
             print(f"seed {seed} K={keep} {strategy:8s} kept {kept}: cut {row['cut']:.3f} → healed "
                   f"{row['healed']:.3f}", flush=True)
-    for keep in sorted({plateau_keep(phases, 12) if k == "auto" else int(k) for k in args.scratch_keeps
+    for keep in sorted({plateau_keep(phases) if k == "auto" else int(k) for k in args.scratch_keeps
                         if k != "auto" or phases}):
         key = f"scratch/{seed}/{keep}/{args.epochs}"
         if key not in items.done:
             scratch(seed, keep, base, model, args, data, items, key, auto=phases is not None
-                    and keep == plateau_keep(phases, 12))
+                    and keep == plateau_keep(phases))
 
 
 def scratch(seed: int, keep: int, base: dict, full, args, data, items: Items, key: str, auto: bool) -> None:

@@ -45,17 +45,9 @@ from isiwatch.measure.analysis import analyze  # noqa: E402
 from isiwatch.measure.boundary_distances import boundary_distances  # noqa: E402
 from isiwatch.measure.depth import recommend_depth  # noqa: E402
 from isiwatch.truncation.cost import count_parameters, forward_flops, measure_latency  # noqa: E402
-from isiwatch.truncation.healing import accuracy, train_classifier  # noqa: E402
+from isiwatch.truncation.healing import accuracy, default_train_last, heal, prepare_healing, train_classifier  # noqa: E402  # noqa: E402
 from isiwatch.truncation.strategies import DEFAULT_BUDGET, DEFAULT_MAX_DROP  # noqa: E402
-from isiwatch.truncation.truncate import (  # noqa: E402
-    HEAL_EPOCHS,
-    auto_cut,
-    choose_blocks,
-    cut_vit,
-    default_train_last,
-    heal,
-    prepare_healing,
-)
+from isiwatch.truncation.truncate import HEAL_EPOCHS, auto_cut, choose_blocks, cut_vit  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "truncate_auto"
 FIXED = ("recommended", "bi", "angular", "tail", "random", "plateau")

@@ -1,4 +1,4 @@
-"""Which isiwatch capability runs on which ViT family: the README's coverage table, from what actually runs.
+"""Which isiwatch capability runs on which ViT family: the coverage table of docs/families.md, from what actually runs.
 
 For every family of tests/test_families.py (tiny random-init instances, CPU):
 - analyze: ``isiwatch.analyze`` with the fused attention on equals the unfused, hook-read reference (1e-4);
@@ -9,7 +9,8 @@ For every family of tests/test_families.py (tiny random-init instances, CPU):
 A capability that refuses says why, in the one line the user sees.
 
     python benchmarks/family_coverage.py          # print the table
-    python benchmarks/family_coverage.py --write  # and update benchmarks/results/families/coverage.json + README
+    python benchmarks/family_coverage.py --write  # and update benchmarks/results/families/coverage.json
+                                                  # and the table in docs/families.md
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from isiwatch.taps import vit_parts  # noqa: E402
 from isiwatch.truncation.truncate import cut_vit, heal  # noqa: E402
 
 RESULT = ROOT / "benchmarks" / "results" / "families" / "coverage.json"
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "families.md"
 BEGIN, END = "<!-- family-coverage -->", "<!-- /family-coverage -->"
 CAPABILITIES = ("analyze", "watch", "truncate", "specialize")
 IMAGES = torch.randn(6, 1, 28, 28, generator=torch.Generator().manual_seed(0))
@@ -123,7 +124,7 @@ def coverage() -> dict[str, dict[str, str]]:
 
 
 def render(table: dict[str, dict[str, str]]) -> str:
-    """The README table (markdown): ✓, or "no"/"tail only" with a numbered note quoting the one-line reason."""
+    """The coverage table (markdown): ✓, or "no"/"tail only" with a numbered note quoting the one-line reason."""
     names = {**{f: f"timm `{TIMM[f][0]}`" for f in TIMM}, **{f: f"transformers `{type(HF[f]()).__name__}`" for f in HF}}
     notes: list[str] = []
 
@@ -150,7 +151,7 @@ def readme_with(table_md: str, readme: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="update the JSON and the README table")
+    parser.add_argument("--write", action="store_true", help="update the JSON and the table in docs/families.md")
     add_threads_argument(parser)
     args = parser.parse_args()
     set_torch_threads(args.threads)
@@ -160,7 +161,7 @@ def main() -> None:
         RESULT.parent.mkdir(parents=True, exist_ok=True)
         RESULT.write_text(json.dumps({"machine": "CPU", "torch": torch.__version__, "timm": timm.__version__,
                                       "coverage": table}, indent=1) + "\n")
-        README.write_text(readme_with(render(table), README.read_text()))
+        PAGE.write_text(readme_with(render(table), PAGE.read_text()))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from test_watch import mixing_vit, set_middle_blocks
 from isiwatch import Watch
 from isiwatch.io.data import embedded_digits
 from isiwatch.measure.analysis import METRICS
+from isiwatch.measure.metric_table import HEATMAP_METRICS
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
@@ -119,8 +120,8 @@ def test_dashboard_has_run_selector_heatmaps_plateau_span_and_alert_annotations(
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert "isiwatch_" in variables["run"]["definition"]
     metric = variables["metric"]
-    assert set(metric["query"].split(",")) <= set(METRICS)
-    assert {"isi", "token_similarity", "probe_cls", "probe_patch_mean"} <= set(metric["current"]["value"])
+    assert metric["query"].split(",") == list(METRICS)  # every metric, so a new one reaches Grafana
+    assert metric["current"]["value"] == list(HEATMAP_METRICS)
     heatmap = next(p for p in board["panels"] if p["type"] == "heatmap")
     assert heatmap["repeat"] == "metric" and heatmap["options"]["calculate"] is False
     assert any(p["title"] == "Plateau span" for p in board["panels"])

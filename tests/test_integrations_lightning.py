@@ -70,7 +70,7 @@ def test_callback_logs_exports_checkpoints_and_does_not_perturb(digits, tmp_path
         rows = list(csv.DictReader(fh))
     assert [int(r["step"]) for r in rows if r.get("isiwatch/probe_cls/last")] == [2, 4, 6]
     assert {"isiwatch/isi/mean", "isiwatch/plateau/length", "isiwatch/loss"} <= set(rows[0])
-    assert watch_cb.watch.jsonl is None and len(watch_cb.watch.history) == 3  # closed at teardown, kept
+    assert not watch_cb.watch.exporters and len(watch_cb.watch.history) == 3  # closed at teardown, kept
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in watched.modules())
 
     saved = torch.load(tmp_path / "ckpt" / "epoch=0-step=6.ckpt", weights_only=True)["callbacks"]["ISIWatchCallback"]

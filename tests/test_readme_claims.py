@@ -1,6 +1,7 @@
-"""README claims no other test covers: Prometheus push-gateway and textfile export (read back with
-prometheus_client's own parser), the TensorBoard custom-scalar layout (read back from the event files), the
-cls_marginalized alert on a real Watch, and `isiwatch --config FILE COMMAND` applying the section's defaults."""
+"""Claims of the docs no other test covers (docs/monitor.md: Prometheus push-gateway and textfile export, read
+back with prometheus_client's own parser; the TensorBoard custom-scalar layout, read back from the event files;
+the cls_marginalized alert on a real Watch, also in docs/alerts.md; the YAML options file: `isiwatch --config FILE
+COMMAND` applying the section's defaults)."""
 
 import http.server
 import json

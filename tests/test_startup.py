@@ -36,3 +36,16 @@ def test_lazy_names_resolve_to_the_defining_objects():
 
     assert isiwatch.specialize is specialize  # the function; no submodule shares a public name
     assert set(isiwatch.__all__) <= set(dir(isiwatch))
+
+
+def test_a_folder_named_like_the_package_does_not_shadow_it(tmp_path):
+    """Python started beside a clone of the repository (a folder ``isiwatch/`` holding ``src/``, ``tests/``…)
+    imports the installed package, not the clone as an empty namespace package (the flat layout did)."""
+    clone = tmp_path / "isiwatch"
+    for folder in ("src/isiwatch", "tests", "benchmarks"):
+        (clone / folder).mkdir(parents=True)
+    proc = subprocess.run([sys.executable, "-c", "import isiwatch; print(isiwatch.__file__, isiwatch.Watch.__name__)"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    location, name = proc.stdout.split()
+    assert name == "Watch" and location.endswith("__init__.py") and not location.startswith(str(tmp_path))

@@ -22,7 +22,8 @@ from isiwatch.measure.boundary_distances import BoundaryDistances, angular_dista
 from isiwatch.measure.phases import Phases
 from isiwatch.truncation.cost import count_flops, forward_flops, measure_latency
 from isiwatch.truncation.healing import train_classifier
-from isiwatch.truncation.truncate import choose_blocks, cut_vit, heal, load_split, plateau_keep, truncate
+from isiwatch.truncation.strategies import STRATEGIES, CutInputs
+from isiwatch.truncation.truncate import choose_blocks, cut_vit, heal, load_split, truncate
 
 ARCH = "vit_tiny_patch16_224"
 KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=8, num_heads=2)
@@ -176,7 +177,7 @@ def test_every_output_path_differs_from_the_inputs_and_the_other_outputs(timm_ck
 
 def test_choose_blocks_per_strategy():
     phases = Phases(plateau=(2, 6), cliff=(0, 1), climb=(7, 11))
-    assert plateau_keep(phases, 12) == 8
+    assert STRATEGIES["plateau"].default_keep(12, CutInputs(phases)) == 8
     # block 2 already reached the plateau level; 3..6 only keep it there
     assert choose_blocks("plateau", 12, 8, phases=phases) == [0, 1, 2, 7, 8, 9, 10, 11]
     assert choose_blocks("plateau", 12, 10, phases=phases) == [0, 1, 2, 3, 6, 7, 8, 9, 10, 11]

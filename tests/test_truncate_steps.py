@@ -27,10 +27,10 @@ def ckpt(tmp_path_factory):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"keep": 3, "strategy": "auto"}, "cannot be combined with --strategy auto"),
+    ({"keep": 3, "strategy": "auto"}, "cannot be combined with strategy='auto'"),
     ({"strategy": "middle"}, "unknown strategy 'middle'"),
     ({"fmt": "zip"}, "unknown format 'zip'"),
-    ({"budget": 0}, "--budget must be at least 1"),
+    ({"budget": 0}, "budget must be at least 1"),
     ({"images": 3}, "images at least 4"),
 ])
 def test_request_refuses_impossible_options_without_touching_files(tmp_path, options, message):

@@ -362,6 +362,7 @@ def rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.slow
 def test_memory_flat_over_2000_samples_and_hooks_removed(digits, tmp_path):
     _, _, px, py = digits
     model = tiny_vit(depth=2, dim=16)

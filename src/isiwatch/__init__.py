@@ -15,20 +15,40 @@ __version__ = "0.1.0"
 #: Public name → the submodule that defines it.
 _EXPORTS = {
     "METRICS": "measure.analysis", "Analysis": "measure.analysis", "analyze": "measure.analysis",
+    "Phases": "measure.phases", "detect_phases": "measure.phases",
+    "DepthRecommendation": "measure.depth", "recommend_depth": "measure.depth",
     "Alert": "watch.alerts",
     "friction_alert": "watch.friction",
     "Watch": "watch.monitor",
-    "Phases": "measure.phases", "detect_phases": "measure.phases",
+    "WatchOptions": "watch.config",
+    "Exporter": "watch.exporters", "SampleContext": "watch.exporters", "JsonlExporter": "watch.exporters",
+    "TensorBoardExporter": "watch.exporters", "PrometheusExporter": "watch.exporters",
+    "MlflowExporter": "watch.exporters", "WandbExporter": "watch.exporters",
+    "truncate": "truncation.truncate", "cut": "truncation.surgery", "heal": "truncation.healing",
     "specialize": "specialization.convert",
     "TapError": "taps", "custom_parts": "taps", "vit_parts": "taps",
 }
 
 if TYPE_CHECKING:
     from .measure.analysis import METRICS, Analysis, analyze
+    from .measure.depth import DepthRecommendation, recommend_depth
     from .measure.phases import Phases, detect_phases
     from .specialization.convert import specialize
     from .taps import TapError, custom_parts, vit_parts
+    from .truncation.healing import heal
+    from .truncation.surgery import cut
+    from .truncation.truncate import truncate
     from .watch.alerts import Alert
+    from .watch.config import WatchOptions
+    from .watch.exporters import (
+        Exporter,
+        JsonlExporter,
+        MlflowExporter,
+        PrometheusExporter,
+        SampleContext,
+        TensorBoardExporter,
+        WandbExporter,
+    )
     from .watch.friction import friction_alert
     from .watch.monitor import Watch
 
@@ -36,8 +56,21 @@ if TYPE_CHECKING:
 # logger (alerts included) go nowhere instead of to logging's last-resort stderr handler.
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
-__all__ = ["METRICS", "Alert", "Analysis", "Phases", "TapError", "Watch", "__version__", "analyze", "custom_parts",
-           "detect_phases", "friction_alert", "specialize", "vit_parts"]
+__all__ = [
+    # measure a model, recommend its depth
+    "analyze", "Analysis", "METRICS", "Phases", "detect_phases", "recommend_depth", "DepthRecommendation",
+    # watch a training run
+    "Watch", "WatchOptions", "Alert", "friction_alert",
+    "Exporter", "SampleContext", "JsonlExporter", "TensorBoardExporter", "PrometheusExporter", "MlflowExporter",
+    "WandbExporter",
+    # cut a trained model
+    "truncate", "cut", "heal",
+    # specialise its prefix tokens
+    "specialize",
+    # adapters for ViT families
+    "vit_parts", "custom_parts", "TapError",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -275,8 +275,6 @@ def report(run_dir: Path, out: Path | None) -> None:
         click.echo(f"wrote {path}")
 
 
-# --- truncate command (issue 6) goes here ---
-
 from ..truncation.strategies import (  # noqa: E402  (option defaults, from a module free of torch and timm)
     DEFAULT_BUDGET,
     DEFAULT_MAX_DROP,
@@ -300,7 +298,8 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
 @click.option("--eval-data", help="ImageFolder directory to validate and test on (halved); all of --data heals.")
 @click.option("--strategy", type=click.Choice(("auto", *STRATEGIES)),
               help=f"Which blocks to drop [default: auto; {DEFAULT_STRATEGY} with --keep]. auto: the cheapest "
-                   "healed cut within --max-drop.")
+                   "healed cut within --max-drop; "
+                   + "; ".join(f"{name}: {s.description}" for name, s in STRATEGIES.items()) + ".")
 @click.option("--keep", type=int, help="Blocks to keep (default: the plateau cut's depth for plateau, the "
                                        "recommended depth for the other fixed strategies).")
 @click.option("--max-drop", type=float, default=DEFAULT_MAX_DROP, show_default=True,
@@ -331,17 +330,21 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
              std: tuple[float, ...] | None, device: str) -> None:
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
     fine-tuning its late blocks."""
+    from ..truncation.errors import OptionError
     from ..truncation.truncate import candidates_table, report_table, truncate
 
     ctx = click.get_current_context()
     typed = any(ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE for n in ("max_drop", "budget"))
     if typed and (strategy or ("auto" if keep is None else "")) != "auto":  # a config file's default is no request
         raise click.UsageError("--max-drop and --budget apply to --strategy auto only")
-    result = truncate(checkpoint, out, analysis=analysis, data=data, eval_data=eval_data, strategy=strategy,
-                      keep=keep, max_drop=max_drop, budget=budget,
-                      train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images,
-                      fmt=fmt, report=report, arch=arch, num_heads=num_heads, prefer_ema=not no_ema, mean=mean,
-                      std=std, device=_device(device), seed=seed, progress=True)
+    try:
+        result = truncate(checkpoint, out, analysis=analysis, data=data, eval_data=eval_data, strategy=strategy,
+                          keep=keep, max_drop=max_drop, budget=budget,
+                          train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images,
+                          fmt=fmt, report=report, arch=arch, num_heads=num_heads, prefer_ema=not no_ema, mean=mean,
+                          std=std, device=_device(device), seed=seed, progress=True)
+    except OptionError as exc:  # worded with this command's flags (--keep K), not Python's parameters (keep=K)
+        raise click.ClickException(exc.worded({p.name: p.opts[0] for p in ctx.command.params if p.name})) from None
     click.echo(_inputs_line(result.report["weights"], result.report["normalization"]))
     click.echo("images: " + "; ".join(f"{part} {d['images']} of {d['of']} in {d['source']}"
                                       for part, d in result.report["data"].items()))
@@ -354,11 +357,10 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
         click.echo(f"wrote {path}")
 
 
-# --- specialize command (issue 8) goes here ---
 @main.command()
 @click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Output checkpoint; isiwatch.models.load_specialized(OUT) loads it back.")
+              help="Output checkpoint; isiwatch.io.models.load_specialized(OUT) loads it back.")
 @click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
 @click.option("--num-heads", type=click.IntRange(min=1),
               help="Attention heads, for a checkpoint that records neither them nor an architecture.")

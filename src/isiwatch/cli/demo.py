@@ -115,7 +115,8 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
         samples = len(watch.history)
         stop_reason = watch.stop_reason
         exporter = watch.prometheus if serve and watch.prometheus and watch.prometheus.port else None
-        watch.prometheus = None if exporter else watch.prometheus  # closing the Watch leaves a kept one serving
+        if exporter:
+            watch.exporters.remove(exporter)  # closing the Watch leaves a kept one serving
     try:
         train_seconds = time.perf_counter() - start
         acc = accuracy(model, test_x, test_y)

@@ -20,11 +20,10 @@ from typing import Any, TypeVar
 
 from .._utils.files import atomic_files, atomic_write
 from ..measure.analysis import Analysis
+from ..measure.metric_table import HEATMAP_METRICS
 from ..measure.plots import plot_curves, plot_heatmaps, plot_plateau_timeline
 from ..measure.tables import analysis_rows, recommendation_text
 from ..truncation.truncate_report import report_rows
-
-HEATMAP_METRICS = ("isi", "token_similarity", "probe_cls", "probe_patch_mean")
 
 
 @dataclass

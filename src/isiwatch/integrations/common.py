@@ -62,7 +62,7 @@ class WatchSlot:
         self.probe_images, self.probe_labels, self.watch_options = probe_images, probe_labels, watch_options
         self.watch: Watch | None = None
         self._open = False
-        self._state: dict | None = None
+        self._state: dict[str, Any] | None = None
 
     def open(self, model: nn.Module) -> Watch:
         if not self._open:
@@ -70,32 +70,41 @@ class WatchSlot:
             self._open = True
             if self._state is not None:
                 self.watch.load_state_dict(self._state)
+        return self.opened
+
+    @property
+    def opened(self) -> Watch:
+        """The Watch of the run (created by :meth:`open`; the framework calls ``open`` before any step)."""
+        if self.watch is None:
+            raise RuntimeError("isiwatch: the framework stepped before it handed over the model")
         return self.watch
 
     def step(self, global_step: int, loss: Tensor | float | None) -> dict[str, float] | None:
         """``Watch.step``; returns the logger summary when this call sampled, else None."""
-        before = self.watch.last_step
-        self.watch.step(global_step, loss)
-        return logged_series(self.watch) if self.watch.last_step != before else None
+        watch = self.opened
+        before = watch.last_step
+        watch.step(global_step, loss)
+        return logged_series(watch) if watch.last_step != before else None
 
     def finish(self) -> dict[str, float] | None:
         """``Watch.finish`` (the final sample, if the last step was not sampled), while the framework's loggers
         are open; returns the logger summary when it sampled, else None."""
-        before = self.watch.last_step
-        self.watch.finish()
-        return logged_series(self.watch) if self.watch.last_step != before else None
+        watch = self.opened
+        before = watch.last_step
+        watch.finish()
+        return logged_series(watch) if watch.last_step != before else None
 
-    def state_dict(self) -> dict | None:
-        return self.watch.state_dict() if self._open else self._state
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.opened.state_dict() if self._open else self._state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self._state = state
         if self._open:
-            self.watch.load_state_dict(state)
+            self.opened.load_state_dict(state)
 
     def close(self, final_sample: bool = True) -> None:
         """``Watch.close``: the final sample unless ``final_sample`` is False (after an exception)."""
         if self._open:
-            self.watch.close(final_sample=final_sample)
-            self._state = self.watch.state_dict()
+            self.opened.close(final_sample=final_sample)
+            self._state = self.opened.state_dict()
             self._open = False

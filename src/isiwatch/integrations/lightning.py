@@ -47,11 +47,11 @@ class ISIWatchCallback(pl.Callback):
         return self.slot.watch
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.slot.open(network(pl_module))
+        watch = self.slot.open(network(pl_module))
         # Lightning's automatic optimization hands over the training_step loss divided by the accumulation
         # factor (ClosureResult, lightning 2.x): the Watch scales it back when it samples, not on every step
         if pl_module.automatic_optimization:
-            self.watch.loss_scale = float(trainer.accumulate_grad_batches)
+            watch.loss_scale = float(trainer.accumulate_grad_batches)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -62,7 +62,7 @@ class ISIWatchCallback(pl.Callback):
         if trainer.global_step == self._step_before_batch:
             return  # an accumulating batch: no optimizer step
         self._log(trainer, self.slot.step(trainer.global_step, loss_value(outputs)))
-        if self.watch.should_stop:
+        if self.slot.opened.should_stop:
             trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

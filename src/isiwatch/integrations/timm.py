@@ -30,7 +30,7 @@ from isiwatch.watch.monitor import Watch
 STATE_KEY = "isiwatch"
 
 
-def saved_watch_state(path: str | os.PathLike) -> dict | None:
+def saved_watch_state(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The Watch state a train.py checkpoint carries (:class:`TrainScriptWatch`), or None when it has none (a
     checkpoint written without isiwatch). Loaded with ``weights_only=True`` (train.py's ``args`` Namespace
     allowed, as timm does) and memory-mapped, so the tensors are not read."""
@@ -49,7 +49,7 @@ class StopTraining(KeyboardInterrupt):
     the interrupted epoch; the best ones saved so far stay)."""
 
 
-def probe_batch(loader: Iterable, count: int = 256) -> tuple[Tensor, Tensor]:
+def probe_batch(loader: Iterable[Any], count: int = 256) -> tuple[Tensor, Tensor]:
     """The first ``count`` images and labels of a timm loader (train.py's ``loader_eval``): eval transforms,
     normalised (by the prefetcher when there is one), on the loader's device. Under DDP each rank reads its
     own shard of the eval set; the stop decision is agreed all the same.
@@ -67,7 +67,7 @@ def probe_batch(loader: Iterable, count: int = 256) -> tuple[Tensor, Tensor]:
     return torch.cat(images)[:count], torch.cat(labels)[:count]
 
 
-def _batches(loader: Iterable) -> Iterator:
+def _batches(loader: Iterable[Any]) -> Iterator[Any]:
     """The loader's batches, read in this process through its batch sampler, dataset and collate function (and
     timm's ``PrefetchLoader`` normalisation, on a copy). Not through the DataLoader's iterator: creating one draws
     a seed from the global torch RNG, and a persistent-worker (timm's default) or multi-epoch loader keeps it,
@@ -75,6 +75,7 @@ def _batches(loader: Iterable) -> Iterator:
     inner = getattr(loader, "loader", loader)  # timm's PrefetchLoader wraps a DataLoader
     if not isinstance(inner, DataLoader) or inner.batch_sampler is None:
         return iter(loader)
+    batches: Iterator[Any]
     if isinstance(inner.dataset, IterableDataset):  # no indices: a worker-less loader of its own
         batches = iter(DataLoader(inner.dataset, batch_size=inner.batch_size, collate_fn=inner.collate_fn))
     else:  # len(inner) bounds timm's endlessly repeating multi-epoch batch sampler
@@ -83,7 +84,7 @@ def _batches(loader: Iterable) -> Iterator:
     if inner is loader:
         return batches
     prefetcher = copy.copy(loader)
-    prefetcher.loader = batches
+    prefetcher.loader = batches  # type: ignore[attr-defined]  # timm's PrefetchLoader (checked above)
     return iter(prefetcher)
 
 
@@ -91,7 +92,7 @@ def _batches(loader: Iterable) -> Iterator:
 def _rng_restored() -> Iterator[None]:
     """Restores the global torch (CPU and, if initialised, the current CUDA device), Python and numpy RNGs."""
     python_state, numpy_state = random.getstate(), np.random.get_state()
-    cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []  # type: ignore[no-untyped-call]
     try:
         with torch.random.fork_rng(devices=cuda, device_type="cuda"):
             yield
@@ -117,9 +118,11 @@ class TrainScriptWatch:
     """
 
     def __init__(self, task: nn.Module, optimizer: torch.optim.Optimizer, probe_images: Tensor,
-                 probe_labels: Tensor | None = None, *, start_step: int = 0, resume: str | os.PathLike | None = None,
+                 probe_labels: Tensor | None = None, *, start_step: int = 0,
+                 resume: str | os.PathLike[str] | None = None,
                  **watch_options: Any):
-        model = task.get_trainable_module() if hasattr(task, "get_trainable_module") else task
+        trainable = getattr(task, "get_trainable_module", None)
+        model = trainable() if callable(trainable) else task
         self.watch = Watch(model, probe_images, probe_labels, **watch_options)
         if resume:
             state = saved_watch_state(resume)
@@ -131,7 +134,7 @@ class TrainScriptWatch:
         self._state_hook = optimizer.register_state_dict_post_hook(self._add_state)
         atexit.register(self.close)
 
-    def _add_state(self, _optimizer: torch.optim.Optimizer, state: dict) -> dict:
+    def _add_state(self, _optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
         state[STATE_KEY] = self.watch.state_dict()
         return state
 

@@ -45,33 +45,39 @@ class ISIWatchCallback(TrainerCallback, ExportableState):
     def watch(self) -> Watch | None:
         return self.slot.watch
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         return {"args": {}, "attributes": {"watch_state": self.slot.state_dict()}}
 
-    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
         if args.restore_callback_states_from_checkpoint:
             raise ValueError("ISIWatchCallback cannot be rebuilt from JSON (it holds a probe batch): leave "
                              "restore_callback_states_from_checkpoint=False; it restores its own state on resume")
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                       model: nn.Module | None = None, **kwargs) -> None:
+                       model: nn.Module | None = None, **kwargs: Any) -> None:
+        if model is None:
+            raise ValueError("ISIWatchCallback needs the model: the Trainer hands it to on_train_begin")
         watch = self.slot.open(model)
         unknown = [name for name in self.log_summary if name not in watch.series_names]
         if unknown and self.log_summary != SUMMARY_SERIES:
             close = difflib.get_close_matches(unknown[0], sorted(watch.series_names), n=1)
             raise ValueError(f"log_summary: {unknown[0]!r} is not a series of this model"
                              + (f"; did you mean {close[0]!r}?" if close else ""))
-        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
+        callbacks = state.stateful_callbacks
+        saved = callbacks.get(type(self).__name__) if isinstance(callbacks, dict) else None
         if isinstance(saved, dict) and saved["attributes"].get("watch_state"):
             self.slot.load_state_dict(saved["attributes"]["watch_state"])
         self._loss = LossTap(model)
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
-        self._log(control, self.slot.step(state.global_step, self._loss.value))
-        if self.watch.should_stop:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        self._log(control, self.slot.step(state.global_step, self._loss.value if self._loss else None))
+        if self.slot.opened.should_stop:
             control.should_training_stop = True
 
-    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
         # The final sample here rather than in on_train_end: the Trainer loads the best checkpoint
         # (load_best_model_at_end) before on_train_end, and logs once more after this event.
         if control.should_training_stop:
@@ -84,7 +90,7 @@ class ISIWatchCallback(TrainerCallback, ExportableState):
             self._summary = {k: v for k, v in summary.items() if k in wanted}
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-               logs: dict[str, float] | None = None, **kwargs) -> None:
+               logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         if not self._summary or logs is None:
             return
         logs.update(self._summary)
@@ -92,8 +98,10 @@ class ISIWatchCallback(TrainerCallback, ExportableState):
             state.log_history[-1].update(self._summary)
         self._summary = None
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
-        self._loss.remove()
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        if self._loss is not None:
+            self._loss.remove()
         self.slot.close()
 
 

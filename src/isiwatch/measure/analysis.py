@@ -12,13 +12,14 @@ from torch import Tensor, nn
 
 from .._utils.files import finite_or_none
 from ..taps import BlockTensors, Tap, ViTParts, unwrap_model, vit_parts
+from .metric_table import METRIC_TABLE
 from .metrics import BLOCK_METRICS, CLS_METRICS, block_metrics, isi, token_similarity
 from .phases import Phases, detect_phases
 from .probes import probe_accuracy, split_indices
 from .recon import DEFAULT_RECON_COMPONENTS, isi_recon
 
-#: Every per-layer metric name, in report order.
-METRICS = (*BLOCK_METRICS, "probe_cls", "probe_patch_mean", "isi_recon")
+#: Every per-layer metric name, in report order (the rows of :data:`~.metric_table.METRIC_TABLE`).
+METRICS = tuple(m.name for m in METRIC_TABLE)
 #: The curve phases, alerts and truncation use unless told otherwise (the paper's phase curve).
 DEFAULT_PHASE_METRIC = "token_similarity"
 #: Phase-detection defaults for metric curves: changes below 0.01 (all metrics are O(1)) are noise.
@@ -206,9 +207,25 @@ def analyze(
 ) -> Analysis:
     """Run every per-layer metric (:data:`METRICS`) on ``images`` (B,C,H,W) and segment ``phase_metric`` into phases.
 
-    Images go through the model in chunks of ``batch_size`` (the centring mean of ``token_similarity``
-    and the ``isi_recon`` split are per chunk); probes need ``labels`` and use one seeded train/held-out
-    split over all images. The model's modes, flags, parameters and the global RNG are left unchanged.
+    The model's modes, flags, parameters and the global RNG are left unchanged.
+
+    Args:
+        model: A ViT of a supported family (``DistributedDataParallel``/``torch.compile`` wrappers are unwrapped).
+        images: The probe images, (B,C,H,W), preprocessed as the model expects.
+        labels: Class indices (B,); they enable the linear probes.
+        batch_size: Images per forward pass (the centring mean of ``token_similarity`` and the ``isi_recon``
+            split are per chunk).
+        with_isi_recon: Also compute the opt-in ``isi_recon`` metric.
+        recon_components: Principal components of the patch embeddings ``isi_recon`` recovers.
+        probe_train_fraction: Fraction of the images the probes train on (one seeded split over all images);
+            the rest is held out for their accuracy.
+        seed: Seed of the probe split and of ``isi_recon``.
+        phase_metric: The curve segmented into Cliff, Plateau and Climb.
+        phase_options: Keyword options of :func:`~isiwatch.measure.phases.detect_phases`.
+        parts: The model's adapter (:func:`isiwatch.vit_parts`), when the caller already has it.
+
+    Returns:
+        The per-layer curves, the pre-block (stem) values, the phases and the options used.
     """
     if images.dim() != 4 or len(images) == 0:
         raise ValueError(f"images must be a non-empty (B,C,H,W) tensor, got shape {tuple(images.shape)}")

@@ -19,7 +19,7 @@ on the depth sweep of ``benchmarks/bench_depth.py`` (see ``benchmarks/RESULTS.md
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +38,18 @@ def _finite(curve: list[float]) -> bool:
     return bool(curve) and all(math.isfinite(v) for v in curve)
 
 
+def plateau_blocks(phases: Phases) -> list[int]:
+    """The plateau's blocks after its first: the curve is measured on block outputs, so block ``start`` already
+    reached the plateau level and the blocks after it only kept it there (what ``truncate --strategy plateau``
+    drops)."""
+    start, end = phases.plateau
+    return list(range(start + 1, end + 1))
+
+
 def _plateau_rule(metric: str) -> Rule:
     def rule(analysis: Analysis, tolerance: float) -> list[int] | None:
         phases: Phases | None = analysis.detect_phases(metric) if metric in analysis.layers else None
-        return None if phases is None else list(range(phases.plateau[0] + 1, phases.plateau[1] + 1))
+        return None if phases is None else plateau_blocks(phases)
     return rule
 
 
@@ -116,13 +124,30 @@ def candidate_drops(analysis: Analysis, tolerance: float = 0.01) -> dict[str, li
     return {name: rule(analysis, tolerance) for name, rule in RULES.items()}
 
 
-def recommend_depth(analysis: Analysis, tolerance: float = 0.01,
+def recommend_depth(analysis: Analysis | Mapping[str, Any], tolerance: float = 0.01,
                     rules: tuple[str, ...] = DEFAULT_RULES) -> DepthRecommendation:
     """The number of blocks ``analysis``'s model needs and which blocks to drop.
 
-    ``tolerance``: accuracy the probe-based rules may give up, as a fraction (0.01 = 1 point). The first of
-    ``rules`` with a signal decides; idle blocks are dropped in any case; at least one block is kept.
+    The first of ``rules`` with a signal decides; idle blocks are dropped in any case; at least one block is
+    kept. The default rule scored best on the depth sweep (``benchmarks/RESULTS.md``); it is a starting point,
+    which ``isiwatch truncate`` checks by healing and validating real cuts.
+
+    Args:
+        analysis: An :class:`~isiwatch.measure.analysis.Analysis`, or its ``to_dict()`` form (``analysis.json``).
+        tolerance: Accuracy the probe-based rules may give up, as a fraction (0.01 = 1 point).
+        rules: Names from :data:`RULES`, tried in order.
+
+    Returns:
+        The kept depth, the rule that decided, and the dropped blocks.
+
+    Raises:
+        ValueError: ``tolerance`` outside [0, 1), an unknown rule, or a dict that is not an analysis.
     """
+    if isinstance(analysis, Mapping):
+        try:
+            analysis = Analysis.from_dict(analysis)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ValueError(f"analysis: not an Analysis.to_dict() mapping ({type(exc).__name__}: {exc})") from None
     if not 0 <= tolerance < 1:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
     unknown = [r for r in rules if r not in RULES]

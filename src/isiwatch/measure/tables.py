@@ -7,11 +7,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .analysis import Analysis
+from .metric_table import METRIC_TABLE
 
-SHORT_NAMES = {"attn_token_change": "d", "attn_entropy": "h", "isi": "isi", "token_similarity": "tok_sim",
-               "block_influence": "bi", "cls_attention_share": "cls_att", "cls_patch_cos": "cls_cos",
-               "norm_friction": "friction",
-               "probe_cls": "probe_cls", "probe_patch_mean": "probe_pm", "isi_recon": "isi_recon"}
+#: The column label of each metric (the metric table's ``label``).
+SHORT_NAMES = {m.name: m.label for m in METRIC_TABLE}
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -112,11 +112,20 @@ def specialize(
 ) -> nn.Module:
     """Token-specialise a timm ViT in place and return it.
 
-    ``norms``: prefix-token affine parameters in every block's norm1 and norm2. ``qkv_blocks``: blocks
-    whose QKV projection gets a prefix-token copy (``lora_rank=None``) or a rank-``lora_rank`` LoRA
-    update. ``layer_scale``: prefix-token ls1/ls2 scales (needs a model built with ``init_values``).
-    New parameters start as copies of the shared ones (LoRA: a zero update) and train with the model.
-    The model is left untouched when any option does not fit it.
+    New parameters start as copies of the shared ones (LoRA: a zero update), so at conversion the model
+    computes the same function, and they train with the model. The model is left untouched when any option
+    does not fit it.
+
+    Args:
+        model: A timm ViT with prefix tokens ([CLS], distillation, registers).
+        norms: Prefix-token affine parameters in every block's ``norm1`` and ``norm2``.
+        qkv_blocks: Blocks whose QKV projection gets a prefix-token copy: ``"first_third"``, a count, indices,
+            or None for none.
+        lora_rank: Give those blocks a rank-``lora_rank`` LoRA update instead of a full copy.
+        layer_scale: Prefix-token ``ls1``/``ls2`` scales (needs a model built with ``init_values``).
+
+    Returns:
+        The same model, specialised.
     """
     if specialization(model) is not None:
         raise ValueError("the model is already specialised")

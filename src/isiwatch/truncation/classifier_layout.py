@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..taps import vit_parts
+from ..taps import TapError, vit_parts
 
 
 def block_path(model: nn.Module) -> str:
@@ -28,8 +28,11 @@ def block_path(model: nn.Module) -> str:
 
 
 def block_list(model: nn.Module) -> nn.Sequential | nn.ModuleList:
-    """The container of the blocks truncation may drop."""
-    blocks = model.get_submodule(block_path(model))
+    """The container of the blocks truncation may drop; ``ValueError`` for a model it cannot cut."""
+    try:
+        blocks = model.get_submodule(block_path(model))
+    except TapError as exc:
+        raise ValueError(f"cannot truncate {type(model).__name__}: {exc}") from None
     assert isinstance(blocks, (nn.Sequential, nn.ModuleList))  # block_path found it as one
     return blocks
 

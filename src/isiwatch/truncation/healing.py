@@ -1,17 +1,24 @@
-"""A small, seeded training loop for ViT classifiers: the demo's trainer and truncate's healer."""
+"""A small, seeded training loop for ViT classifiers (the demo's trainer) and healing: fine-tuning the late blocks
+of a cut ViT with the early ones frozen."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import timm
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from .classifier_layout import logits
+from .classifier_layout import block_list, logits, modules_after_blocks
+from .strategies import HEAL_EPOCHS, HEAL_LR
+
+__all__ = ["accuracy", "default_train_last", "heal", "make_digits_vit", "predict", "prepare_healing",
+           "train_classifier", "trainable_modules"]
 
 #: The demo's ViT on 28×28 digits: patch 7 → 16 patch tokens + [CLS].
 DIGITS_VIT_KWARGS = {"img_size": 28, "patch_size": 7, "in_chans": 1, "num_classes": 10, "embed_dim": 64,
@@ -42,10 +49,23 @@ def accuracy(model: nn.Module, images: Tensor, labels: Tensor) -> float:
     return float((predict(model, images) == labels).float().mean())
 
 
+def _batches(images: Tensor | DataLoader[Any], labels: Tensor | None, batch_size: int,
+             order: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
+    """One epoch of (images, labels) batches: a DataLoader's own, or tensors in a seeded order."""
+    if isinstance(images, DataLoader):
+        yield from images
+        return
+    assert labels is not None  # train_classifier checked
+    permutation = torch.randperm(len(images), generator=order)
+    for i in range(0, len(images), batch_size):
+        idx = permutation[i:i + batch_size]
+        yield images[idx], labels[idx]
+
+
 def train_classifier(
     model: nn.Module,
-    images: Tensor,
-    labels: Tensor,
+    images: Tensor | DataLoader[Any],
+    labels: Tensor | None = None,
     *,
     epochs: int,
     batch_size: int = 128,
@@ -61,7 +81,8 @@ def train_classifier(
     amp: bool = False,
     max_steps: int | None = None,
 ) -> int:
-    """AdamW over ``epochs`` with a one-cycle or cosine learning-rate schedule; returns the optimizer steps.
+    """AdamW over ``epochs`` of ``images`` and ``labels`` (or the ``(images, labels)`` batches of a DataLoader,
+    in its own batch size and order) with a one-cycle or cosine learning-rate schedule; returns the optimizer steps.
 
     ``params`` restricts training to a subset (the rest should be frozen by the caller); with ``teacher``
     the loss adds KL distillation to its logits. ``schedule="cosine"`` decays ``lr`` to 0 without warm-up
@@ -70,9 +91,11 @@ def train_classifier(
     steps, with the schedule spanning them. ``on_step(step, loss)`` runs after every optimizer step and may
     return True to stop training.
     """
+    if labels is None and not isinstance(images, DataLoader):
+        raise ValueError("labels are needed with an images tensor (or pass a DataLoader of (images, labels))")
     device = next(model.parameters()).device
     params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
-    steps_per_epoch = (len(images) + batch_size - 1) // batch_size
+    steps_per_epoch = len(images) if isinstance(images, DataLoader) else (len(images) + batch_size - 1) // batch_size
     total = epochs * steps_per_epoch if max_steps is None else min(epochs * steps_per_epoch, max_steps)
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -88,10 +111,8 @@ def train_classifier(
     bar = tqdm(total=total, desc=desc, disable=not progress, leave=False)
     try:
         for _ in range(epochs):
-            order = torch.randperm(len(images), generator=order_gen)
-            for i in range(0, len(images), batch_size):
-                idx = order[i:i + batch_size]
-                x, y = images[idx].to(device), labels[idx].to(device)
+            for x, y in _batches(images, labels, batch_size, order_gen):
+                x, y = x.to(device), y.to(device)
                 with autocast:
                     out = logits(model(x)).float()
                     loss = F.cross_entropy(out, y)
@@ -113,3 +134,66 @@ def train_classifier(
     finally:
         bar.close()
     return step
+
+
+def trainable_modules(model: nn.Module, train_last: int) -> list[nn.Module]:
+    """What healing trains: the last ``train_last`` blocks and the modules after the blocks."""
+    blocks = block_list(model)
+    if not 0 <= train_last <= len(blocks):
+        raise ValueError(f"train_last must be between 0 and {len(blocks)}, got {train_last}")
+    return list(blocks[len(blocks) - train_last:]) + modules_after_blocks(model)
+
+
+def prepare_healing(model: nn.Module, train_last: int) -> list[nn.Parameter]:
+    """Freeze ``model`` into eval mode except what healing trains (see :func:`trainable_modules`), which is
+    put in train mode; returns the parameters to optimise."""
+    trainable = trainable_modules(model, train_last)
+    model.requires_grad_(False).eval()
+    for module in trainable:
+        module.requires_grad_(True).train()
+    return [p for module in trainable for p in module.parameters()]
+
+
+def default_train_last(keep: int) -> int:
+    """The late half of the kept blocks (rounded up): the same healing budget for every strategy."""
+    return math.ceil(keep / 2)
+
+
+def heal(model: nn.Module, data: Tensor | DataLoader[Any], labels: Tensor | None = None, *,
+         train_last: int | None = None, epochs: int = HEAL_EPOCHS, max_steps: int | None = None, lr: float = HEAL_LR,
+         batch_size: int = 128, teacher: nn.Module | None = None, seed: int = 0, progress: bool = False,
+         amp: bool = False) -> int:
+    """Fine-tune the late blocks of a cut ViT in place with the early ones frozen: the blocks nearest the cut
+    adapt to the input they now receive, while the early blocks keep the features the model learnt.
+
+    The last ``train_last`` blocks, the final norm and the head train with AdamW under a cosine schedule;
+    everything else is frozen and kept in eval mode (no dropout, drop-path or norm updates there). The model is
+    left in eval mode with every parameter trainable again.
+
+    Args:
+        model: The cut ViT classifier (e.g. from :func:`~isiwatch.truncation.surgery.cut`), changed in place.
+        data: A DataLoader of ``(images, labels)`` batches (its own batch size and order), or an images tensor
+            with ``labels``; images model-ready (sized and normalised).
+        labels: Class labels of an images tensor ``data``; None with a DataLoader.
+        train_last: How many of the last blocks to train (default: :func:`default_train_last`, the late half).
+        epochs: Passes over ``data``.
+        max_steps: Stop after this many optimizer steps (the schedule spans them); None: all of ``epochs``.
+        lr: Peak learning rate.
+        batch_size: Batch size for tensor ``data``.
+        teacher: The uncut model, to add KL distillation to its logits; None: labels only.
+        seed: Seed of the tensor batches' order.
+        progress: Show a progress bar.
+        amp: bfloat16 autocast on a CUDA device.
+
+    Returns:
+        The optimizer steps taken.
+    """
+    params = prepare_healing(model, default_train_last(len(block_list(model))) if train_last is None else train_last)
+    if teacher is not None:
+        teacher.eval()
+    try:
+        return train_classifier(model, data, labels, epochs=epochs, lr=lr, batch_size=batch_size, params=params,
+                                teacher=teacher, seed=seed, progress=progress, desc="heal", schedule="cosine",
+                                amp=amp, max_steps=max_steps)
+    finally:
+        model.requires_grad_(True).eval()

@@ -1,30 +1,127 @@
-"""``truncate --strategy auto``: the cheapest healed cut within a stated accuracy loss.
+"""Which blocks a cut drops: the strategies, in one registry, and ``truncate --strategy auto``'s search.
 
-Candidates are cuts (strategy, kept blocks). Each is healed with the normal budget and scored on a
-validation split that healing never sees; a candidate *qualifies* when its validation accuracy is at most
-``max_drop`` points below the uncut model's. The search starts from the depth recommendation
-(:func:`isiwatch.measure.depth.recommend_depth`): if that cut qualifies it looks for fewer blocks, otherwise for
-more, by bisection over the number of kept blocks K. At each K it tries :data:`AUTO_STRATEGIES` in turn and
-stops at the first that qualifies (K is feasible) — bisection assumes that keeping more blocks never hurts,
-which holds for healed cuts up to noise. ``budget`` caps the number of candidates healed. The winner is the
-qualifying candidate with the fewest blocks (ties: the higher validation accuracy), or none.
+A strategy is one :class:`Strategy` in :data:`STRATEGIES`: the function naming the blocks it drops and the
+inputs it reads from the uncut model (:class:`CutInputs`), so that a new strategy is one entry here; the command
+line's choices, :func:`choose_blocks` and what :func:`isiwatch.truncation.truncate.plan` measures all follow the
+registry. This module imports neither torch nor timm (the command line reads it to list its options); the
+functions import what they use when a cut is chosen.
+
+``auto`` is the cheapest healed cut within a stated accuracy loss. Candidates are cuts (strategy, kept blocks).
+Each is healed with the normal budget and scored on a validation split that healing never sees; a candidate
+*qualifies* when its validation accuracy is at most ``max_drop`` points below the uncut model's. The search
+starts from the depth recommendation (:func:`isiwatch.measure.depth.recommend_depth`): if that cut qualifies it
+looks for fewer blocks, otherwise for more, by bisection over the number of kept blocks K. At each K it tries
+:data:`AUTO_STRATEGIES` in turn and stops at the first that qualifies (K is feasible) — bisection assumes that
+keeping more blocks never hurts, which holds for healed cuts up to noise. ``budget`` caps the number of
+candidates healed. The winner is the qualifying candidate with the fewest blocks (ties: the higher validation
+accuracy), or none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-#: Every fixed cut strategy (``isiwatch.truncation.truncate`` implements them; they live here, in a module free of
-#: timm, so the command line can offer them without importing it).
-STRATEGIES = ("plateau", "tail", "bi", "angular", "random")
+from .errors import OptionError
+
+if TYPE_CHECKING:
+    from ..measure.boundary_distances import BoundaryDistances
+    from ..measure.phases import Phases
+
+
+@dataclass(frozen=True)
+class CutInputs:
+    """What a strategy may read about the uncut model: the phases of a per-layer curve, the boundary distances
+    (:mod:`isiwatch.measure.boundary_distances`) and a seed."""
+
+    phases: Phases | None = None
+    distances: BoundaryDistances | None = None
+    seed: int = 0
+
+
+#: The inputs a strategy may need, as :class:`CutInputs` fields, with what each is in an error message.
+INPUTS = {"phases": "phases (of a curve with a plateau)", "distances": "boundary distances of the uncut model"}
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One cut strategy: ``drop(depth, count, inputs)`` names ``count`` distinct blocks to drop out of ``depth``;
+    ``needs`` the :data:`INPUTS` it reads (nothing else is measured for it); ``default_keep(depth, inputs)`` the
+    depth it cuts to when none is asked for (None: the recommended depth)."""
+
+    name: str
+    drop: Callable[[int, int, CutInputs], Iterable[int]]
+    needs: frozenset[str]
+    description: str
+    default_keep: Callable[[int, CutInputs], int] | None = None
+
+    def missing(self, inputs: CutInputs) -> list[str]:
+        """The needed inputs that ``inputs`` lacks."""
+        return sorted(n for n in self.needs if getattr(inputs, n) is None)
+
+
+def _plateau_run(inputs: CutInputs) -> list[int]:
+    from ..measure.depth import plateau_blocks
+
+    assert inputs.phases is not None  # choose_blocks checked the needs
+    return plateau_blocks(inputs.phases)
+
+
+def _plateau(depth: int, count: int, inputs: CutInputs) -> list[int]:
+    """The plateau's blocks after its first (:func:`~isiwatch.measure.depth.plateau_blocks`), nearest the middle
+    of that run first, then outwards (later blocks first on equal distance): any ``count`` cuts the plateau
+    from its middle."""
+    run = _plateau_run(inputs)
+    middle = (run[0] + run[-1]) / 2  # a plateau spans at least 2 blocks
+    return sorted(range(depth), key=lambda i: (abs(i - middle), -i))[:count]
+
+
+def _plateau_keep(depth: int, inputs: CutInputs) -> int:
+    return depth - len(_plateau_run(inputs))
+
+
+def _block_influence(depth: int, count: int, inputs: CutInputs) -> list[int]:
+    from ..measure.boundary_distances import block_influence
+
+    assert inputs.distances is not None  # choose_blocks checked the needs
+    dropped: list[int] = block_influence(inputs.distances).argsort(stable=True)[:count].tolist()
+    return dropped
+
+
+def _angular(depth: int, count: int, inputs: CutInputs) -> range:
+    from ..measure.boundary_distances import angular_distance
+
+    assert inputs.distances is not None  # choose_blocks checked the needs
+    start = int(angular_distance(inputs.distances, count).argmin())
+    return range(start, start + count)
+
+
+def _random(depth: int, count: int, inputs: CutInputs) -> list[int]:
+    import torch
+
+    dropped: list[int] = torch.randperm(depth, generator=torch.Generator().manual_seed(inputs.seed))[:count].tolist()
+    return dropped
+
+
+#: Every fixed cut strategy, by name.
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("plateau", _plateau, frozenset({"phases"}),
+             "drop the blocks on the plateau of a per-layer curve after its first (default keep: all others)",
+             default_keep=_plateau_keep),
+    Strategy("tail", lambda depth, count, _: range(depth - count, depth), frozenset(), "keep the first blocks"),
+    Strategy("bi", _block_influence, frozenset({"distances"}),
+             "ShortGPT block influence: drop the blocks that turn their input least"),
+    Strategy("angular", _angular, frozenset({"distances"}),
+             "Gromov angular distance: drop the consecutive blocks whose input and output are closest"),
+    Strategy("random", _random, frozenset(), "drop blocks chosen by a seeded permutation"),
+)}
 #: Chosen from the evaluation in ``benchmarks/RESULTS.md``: block influence had the highest mean healed accuracy
 #: over all paired comparisons (ahead of ``tail`` by less than the noise); the plateau cut lost to both.
 DEFAULT_STRATEGY = "bi"
-#: Strategies tried at each K, in order (plateau only where the curve has one).
+#: Strategies tried at each K, in order (one whose inputs are missing, e.g. plateau without a plateau, is skipped).
 AUTO_STRATEGIES = ("bi", "angular", "tail", "plateau")
 #: Defaults: accuracy loss allowed (points) and candidates healed at most.
 DEFAULT_MAX_DROP = 1.0
@@ -32,6 +129,37 @@ DEFAULT_BUDGET = 16
 #: Healing defaults: a short fine-tune of already trained weights.
 HEAL_EPOCHS = 2
 HEAL_LR = 1e-3
+
+
+def get_strategy(name: str) -> Strategy:
+    """The registered strategy ``name``; ``ValueError`` naming the choices otherwise."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)} (or auto, which "
+                         "truncate runs)")
+    return STRATEGIES[name]
+
+
+def inputs_needed(name: str) -> frozenset[str]:
+    """The :data:`INPUTS` strategy ``name`` reads; for ``auto`` those of every strategy it tries."""
+    names = AUTO_STRATEGIES if name == "auto" else (name,)
+    return frozenset().union(*(get_strategy(n).needs for n in names))
+
+
+def choose_blocks(name: str, depth: int, keep: int, *, phases: Phases | None = None,
+                  distances: BoundaryDistances | None = None, seed: int = 0) -> list[int]:
+    """The ``keep`` source block indices (ascending) that strategy ``name`` keeps out of ``depth``.
+
+    ``plateau`` needs ``phases``; ``bi`` and ``angular`` need ``distances`` of the uncut model; ``random`` reads
+    ``seed``.
+    """
+    chosen = get_strategy(name)
+    if not 1 <= keep < depth:
+        raise ValueError(f"keep must be between 1 and {depth - 1} for a {depth}-block model, got {keep}")
+    inputs = CutInputs(phases, distances, seed)
+    missing = chosen.missing(inputs)
+    if missing:
+        raise ValueError(f"the {name} strategy needs {' and '.join(INPUTS[n] for n in missing)}")
+    return sorted(set(range(depth)) - set(chosen.drop(depth, depth - keep, inputs)))
 
 
 @dataclass
@@ -59,9 +187,9 @@ class Candidate:
 def check_search_options(max_drop: float, budget: int) -> None:
     """One-line errors for an impossible request, before any work."""
     if not max_drop >= 0:
-        raise ValueError(f"--max-drop must be at least 0 points, got {max_drop}")
+        raise OptionError("{max_drop} must be at least 0 points, got {value}", value=max_drop)
     if budget < 1:
-        raise ValueError(f"--budget must be at least 1 candidate, got {budget}")
+        raise OptionError("{budget} must be at least 1 candidate, got {value}", value=budget)
 
 
 class BudgetExhausted(Exception):

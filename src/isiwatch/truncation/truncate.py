@@ -1,29 +1,18 @@
 """``truncate``: cut a trained timm ViT down to fewer blocks and heal it by fine-tuning its late blocks.
 
-Strategies choose which blocks to keep:
-
-- ``plateau``: drop the blocks that sit on the plateau of a per-layer curve
-  (:mod:`isiwatch.measure.phases`). The curve is measured
-  on block *outputs*, so a plateau ``(s, e)`` says block ``s`` already reached the plateau level and blocks
-  ``s+1..e`` kept it there: those are dropped (the default keep is ``L − (e − s)``). Any other ``keep``
-  drops the blocks nearest the middle of that run first (later blocks first on ties).
-- ``tail``: keep the first K blocks.
-- ``bi``: ShortGPT block influence, drop the blocks that change their input least.
-- ``angular``: Gromov angular distance, drop the L−K consecutive blocks whose input and output are closest.
-- ``random``: drop L−K blocks chosen by a seeded permutation.
-
-Healing freezes the embeddings and the early kept blocks (in eval mode) and trains the late
-``train_last`` kept blocks, the final norm and the head with AdamW and a cosine schedule, optionally
-distilling the uncut model's logits. The output loads with ``timm.create_model(arch, **model_kwargs)``
-and ``load_state_dict(strict=True)`` and records which source blocks it kept.
+The strategies that choose which blocks to keep are registered in :mod:`isiwatch.truncation.strategies`
+(``plateau``, ``tail``, ``bi``, ``angular``, ``random``; ``auto`` searches over them); the surgery is
+:func:`~isiwatch.truncation.surgery.cut` and the healing :func:`~isiwatch.truncation.healing.heal`, which freezes the
+embeddings and the early kept blocks (in eval mode) and trains the late ``train_last`` kept blocks, the final norm
+and the head with AdamW and a cosine schedule, optionally distilling the uncut model's logits. A written checkpoint
+loads with ``timm.create_model(arch, **model_kwargs)`` and ``load_state_dict(strict=True)`` and records which source
+blocks it kept.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -31,6 +20,7 @@ from typing import Any, TypedDict
 import timm
 import torch
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
 from .._utils.files import write_json
 from ..io.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -39,13 +29,14 @@ from ..io.model_images import model_input, probe_images, resolve_normalization
 from ..io.models import build_model
 from ..io.pretrained_dir import load_pretrained_dir, save_pretrained_dir
 from ..measure.analysis import DEFAULT_PHASE_METRIC, Analysis, analyze
-from ..measure.boundary_distances import BoundaryDistances, angular_distance, block_influence, boundary_distances
+from ..measure.boundary_distances import BoundaryDistances
 from ..measure.depth import DepthRecommendation, recommend_depth
 from ..measure.phases import Phases
-from ..taps import TapError, vit_parts
-from .classifier_layout import block_list, block_path, modules_after_blocks, num_classes, with_blocks
+from ..taps import vit_parts
+from .classifier_layout import block_list, num_classes
 from .cost import count_parameters, forward_flops, measure_latency
-from .healing import accuracy, predict, train_classifier
+from .errors import OptionError
+from .healing import accuracy, default_train_last, heal, predict
 from .strategies import (
     DEFAULT_BUDGET,
     DEFAULT_MAX_DROP,
@@ -53,135 +44,28 @@ from .strategies import (
     HEAL_EPOCHS,
     HEAL_LR,
     STRATEGIES,
+    CutInputs,
     CutSearch,
     check_search_options,
+    choose_blocks,
+    get_strategy,
+    inputs_needed,
 )
+from .surgery import cut_vit, measure_inputs
 from .truncate_report import candidates_table, measure, report_table
 
-__all__ = ["STRATEGIES", "Execution", "Split", "TruncateRequest", "TruncateResult", "TruncationPlan",
+__all__ = ["STRATEGIES", "Data", "Execution", "Split", "TruncateRequest", "TruncateResult", "TruncationPlan",
            "auto_cut", "candidates_table", "choose_blocks", "cut_vit", "execute", "heal", "load_split", "plan",
            "report", "report_table", "truncate", "write"]
+
+#: Healing and evaluation images: ``"mnist"`` (the embedded digits), an ImageFolder directory, model-ready
+#: ``(images, labels)`` tensors or a DataLoader of such batches.
+Data = str | Path | tuple[Tensor, Tensor] | DataLoader[Any]
 
 #: Share of an ImageFolder held out (halved into validation and test).
 HELD_OUT_FRACTION = 0.2
 #: Timed rounds per candidate when ``auto`` measures latency.
 LATENCY_ROUNDS = 10
-
-
-def _blocks(model: nn.Module) -> nn.Sequential | nn.ModuleList:
-    """The blocks truncation may drop (:func:`~isiwatch.truncation.classifier_layout.block_list`)."""
-    try:
-        return block_list(model)
-    except TapError as exc:
-        raise ValueError(f"cannot truncate {type(model).__name__}: {exc}") from None
-
-
-def plateau_drop_order(phases: Phases, depth: int) -> list[int]:
-    """All block indices, the first to drop first: the plateau's blocks after its first, nearest the middle
-    of that run first, then outwards (later blocks first on equal distance)."""
-    start, end = phases.plateau[0] + 1, phases.plateau[1]
-    middle = (start + end) / 2
-    return sorted(range(depth), key=lambda i: (abs(i - middle), -i))
-
-
-def plateau_keep(phases: Phases, depth: int) -> int:
-    """The depth the plateau cut leaves by default: all but the plateau's blocks after its first."""
-    return depth - (phases.plateau[1] - phases.plateau[0])
-
-
-def choose_blocks(strategy: str, depth: int, keep: int, *, phases: Phases | None = None,
-                  distances: BoundaryDistances | None = None, seed: int = 0) -> list[int]:
-    """The ``keep`` source block indices (ascending) that ``strategy`` keeps out of ``depth``.
-
-    ``plateau`` needs ``phases``; ``bi`` and ``angular`` need ``distances`` of the uncut model.
-    """
-    if not 1 <= keep < depth:
-        raise ValueError(f"keep must be between 1 and {depth - 1} for a {depth}-block model, got {keep}")
-    drop = depth - keep
-    dropped: Sequence[int]
-    if strategy == "tail":
-        dropped = range(keep, depth)
-    elif strategy == "plateau":
-        if phases is None:
-            raise ValueError("the plateau strategy needs phases with a plateau")
-        dropped = plateau_drop_order(phases, depth)[:drop]
-    elif strategy == "bi":
-        dropped = block_influence(_need(distances)).argsort(stable=True)[:drop].tolist()
-    elif strategy == "angular":
-        start = int(angular_distance(_need(distances), drop).argmin())
-        dropped = range(start, start + drop)
-    elif strategy == "random":
-        dropped = torch.randperm(depth, generator=torch.Generator().manual_seed(seed))[:drop].tolist()
-    else:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    return sorted(set(range(depth)) - set(dropped))
-
-
-def _need(distances: BoundaryDistances | None) -> BoundaryDistances:
-    if distances is None:
-        raise ValueError("the bi and angular strategies need boundary distances of the uncut model")
-    return distances
-
-
-def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
-    """A copy of a ViT classifier (timm or transformers) with only the ``kept`` blocks, in that order; ``model`` is
-    left untouched."""
-    source = _blocks(model)
-    depth = len(source)
-    if not kept or sorted(set(kept)) != list(kept) or not 0 <= kept[0] <= kept[-1] < depth:
-        raise ValueError(f"kept blocks must be ascending, distinct indices below {depth}, got {kept}")
-    path = block_path(model)
-    moved = [i for position, i in enumerate(kept) if i != position]
-    fixed = vit_parts(model).fixed_block_positions
-    if moved and fixed:
-        raise ValueError(f"cannot move {type(source[0]).__name__} {moved[0]} to position {kept.index(moved[0])}: "
-                         f"{fixed}, so such a cut does not rebuild with timm; keep the first blocks (--strategy tail)")
-    cut = copy.deepcopy(model, {id(source): type(source)()})  # the blocks are not copied here…
-    with_blocks(cut, path, [copy.deepcopy(source[i]) for i in kept])  # …only the kept ones, here
-    return cut
-
-
-def trainable_modules(model: nn.Module, train_last: int) -> list[nn.Module]:
-    """What healing trains: the last ``train_last`` blocks and the modules after the blocks."""
-    blocks = _blocks(model)
-    if not 0 <= train_last <= len(blocks):
-        raise ValueError(f"train_last must be between 0 and {len(blocks)}, got {train_last}")
-    return list(blocks[len(blocks) - train_last:]) + modules_after_blocks(model)
-
-
-def prepare_healing(model: nn.Module, train_last: int) -> list[nn.Parameter]:
-    """Freeze ``model`` into eval mode except what healing trains (see :func:`trainable_modules`), which is
-    put in train mode; returns the parameters to optimise."""
-    trainable = trainable_modules(model, train_last)
-    model.requires_grad_(False).eval()
-    for module in trainable:
-        module.requires_grad_(True).train()
-    return [p for module in trainable for p in module.parameters()]
-
-
-def default_train_last(keep: int) -> int:
-    """The late half of the kept blocks (rounded up): the same healing budget for every strategy."""
-    return math.ceil(keep / 2)
-
-
-def heal(model: nn.Module, images: Tensor, labels: Tensor, *, train_last: int | None = None, epochs: int = HEAL_EPOCHS,
-         lr: float = HEAL_LR, teacher: nn.Module | None = None, seed: int = 0, progress: bool = False,
-         amp: bool = False) -> int:
-    """Fine-tune the late ``train_last`` blocks (default: :func:`default_train_last`), final norm and head of a
-    cut ViT in place; returns optimizer steps.
-
-    Everything else is frozen and kept in eval mode (no dropout, drop-path or norm updates there). With
-    ``teacher`` the loss adds KL distillation to its logits. ``amp``: bfloat16 autocast on CUDA. The model
-    is left in eval mode with every parameter trainable again.
-    """
-    params = prepare_healing(model, default_train_last(len(_blocks(model))) if train_last is None else train_last)
-    if teacher is not None:
-        teacher.eval()
-    try:
-        return train_classifier(model, images, labels, epochs=epochs, lr=lr, params=params, teacher=teacher,
-                                seed=seed, progress=progress, desc="heal", schedule="cosine", amp=amp)
-    finally:
-        model.requires_grad_(True).eval()
 
 
 @dataclass
@@ -211,62 +95,76 @@ def train_val_dirs(data: str) -> tuple[Path, Path] | None:
     return (root / "train", val) if val is not None and (root / "train").is_dir() else None
 
 
-def _images(model: nn.Module, data: str, norm: Normalization | None) -> tuple[Tensor, Tensor]:
+def _source(data: Data) -> str:
+    """How a report names ``data``."""
+    return type(data).__name__ if isinstance(data, DataLoader) else "tensors" if isinstance(data, tuple) else str(data)
+
+
+def _images(model: nn.Module, data: Data, norm: Normalization | None) -> tuple[Tensor, Tensor]:
+    if isinstance(data, DataLoader):  # gathered: the split and the search hold their images in memory
+        batches = list(data)
+        return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+    if isinstance(data, tuple):
+        return data
     if data == "mnist":
         images, labels = embedded_digits()
         images = fit_to_model(images, *model_input(model))
         return renormalize(images, norm) if norm is not None else images, labels
-    return probe_images(model, data, None, norm)
+    return probe_images(model, str(data), None, norm)
 
 
-def load_split(model: nn.Module, data: str, eval_data: str | None = None,
+def load_split(model: nn.Module, data: Data, eval_data: Data | None = None,
                norm: Normalization | None = None) -> Split:
-    """Healing, validation and test images, normalised with ``norm``.
+    """Healing, validation and test images; those read from a name or a folder are normalised with ``norm``,
+    tensors and DataLoaders are taken as they are (model-ready).
 
     With ``eval_data``, or when ``data`` has ``train/`` and ``validation/`` (or ``val/``) sub-folders (timm
     ``train.py``'s layout), all of ``data`` (its ``train/``) heals and the evaluation folder is halved into
     validation and test: a folder split would measure "held-out" accuracy on training images. Otherwise one
-    source is split: 'mnist' as the demo does (4,000 healing / 1,000 held-out digits), an ImageFolder by holding
-    out a fixed HELD_OUT_FRACTION; the held-out images are halved into validation and test.
+    source is split: 'mnist' as the demo does (4,000 healing / 1,000 held-out digits), an ImageFolder or tensors by
+    holding out their last HELD_OUT_FRACTION; the held-out images are halved into validation and test.
     """
-    layout = train_val_dirs(data) if eval_data is None and data != "mnist" else None
-    heal_source, eval_source = (str(layout[0]), str(layout[1])) if layout else (data, eval_data)
-    images, labels = _images(model, heal_source, norm)
-    if eval_source is None:
+    layout = train_val_dirs(str(data)) if eval_data is None and isinstance(data, (str, Path)) and data != "mnist" \
+        else None
+    heal_data, eval_data = (str(layout[0]), str(layout[1])) if layout else (data, eval_data)
+    heal_source, eval_source = _source(heal_data), None if eval_data is None else _source(eval_data)
+    images, labels = _images(model, heal_data, norm)
+    if eval_data is None:
         if data == "mnist":
             cut = DIGITS_TRAIN
         else:
             if len(images) < 3:
-                raise DataError(f"{data}: need at least 3 images to heal, validate and test, found {len(images)}")
+                raise DataError(f"{heal_source}: need at least 3 images to heal, validate and test, found "
+                                f"{len(images)}")
             cut = len(images) - max(2, round(HELD_OUT_FRACTION * len(images)))
         heal_x, heal_y, eval_x, eval_y = images[:cut], labels[:cut], images[cut:], labels[cut:]
     else:
         heal_x, heal_y = images, labels
-        eval_x, eval_y = _images(model, eval_source, norm)
+        eval_x, eval_y = _images(model, eval_data, norm)
         if len(eval_x) < 2:
             raise DataError(f"{eval_source}: need at least 2 images to validate and test, found {len(eval_x)}")
     classes = num_classes(model)
     if classes == 0:
         raise DataError(f"{type(model).__name__} has no classification head to heal and score a cut with "
                         "(use a classifier, e.g. ViTForImageClassification)")
-    for source, y in ((heal_source, heal_y), (eval_source or data, eval_y)):
+    for source, y in ((heal_source, heal_y), (eval_source or heal_source, eval_y)):
         if int(y.max()) >= classes:
             raise DataError(f"{source}: {int(y.max()) + 1} classes but the model's head has {classes} outputs")
     half = len(eval_x) // 2
     total = len(eval_x) if eval_source else len(images)
     record: dict[str, dict[str, str | int]] = {
         "heal": {"source": heal_source, "images": len(heal_x), "of": len(images)},
-        "validation": {"source": eval_source or data, "images": half, "of": total},
-        "test": {"source": eval_source or data, "images": len(eval_x) - half, "of": total}}
+        "validation": {"source": eval_source or heal_source, "images": half, "of": total},
+        "test": {"source": eval_source or heal_source, "images": len(eval_x) - half, "of": total}}
     return Split(heal_x, heal_y, eval_x[:half], eval_y[:half], eval_x[half:], eval_y[half:], record)
 
 
-def _read_analysis(path: Path, depth: int, sha256: str) -> Analysis:
+def _read_analysis(path: Path, depth: int, sha256: str | None) -> Analysis:
     try:
         result = Analysis.from_dict(json.loads(Path(path).read_text()))
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         raise ValueError(f"{path}: not a readable analysis.json ({type(exc).__name__}: {exc})") from None
-    if result.model_info.get("sha256") not in (None, sha256):
+    if sha256 is not None and result.model_info.get("sha256") not in (None, sha256):
         raise ValueError(f"{path}: analysis was computed on a different checkpoint (sha256 differs)")
     blocks = len(next(iter(result.layers.values()), []))
     if blocks != depth:
@@ -274,15 +172,9 @@ def _read_analysis(path: Path, depth: int, sha256: str) -> Analysis:
     return result
 
 
-def _phases(analysis: Analysis, metric: str) -> Phases | None:
-    try:
-        return analysis.detect_phases(metric)
-    except KeyError as exc:
-        raise ValueError(exc.args[0]) from None
-
-
 def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]) -> None:
-    """Every output path differs from every input and from the other outputs (nothing is overwritten)."""
+    """Every output path differs from every input and from the other outputs (nothing is overwritten); the
+    dictionaries map option names to paths."""
     seen = {Path(p).resolve(): name for name, p in inputs.items() if p is not None}
     for name, path in outputs.items():
         if path is None:
@@ -290,7 +182,8 @@ def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]
         clash = seen.get(Path(path).resolve())
         if clash is not None:
             kind = "input" if clash in inputs else "output"
-            raise ValueError(f"{path}: {name} names the same file as the {kind} {clash}; choose another path")
+            raise OptionError(f"{{path}}: {{{name}}} names the same file as the {kind} {{{clash}}}; choose another "
+                              "path", path=path)
         seen[Path(path).resolve()] = name
 
 
@@ -298,15 +191,16 @@ def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]
 class TruncateRequest:
     """Everything ``truncate`` was asked to do, checked on construction before any file is read.
 
-    Fields are :func:`truncate`'s parameters. ``strategy`` None becomes ``auto`` without ``keep`` and
-    :data:`DEFAULT_STRATEGY` with it; an impossible combination raises ``ValueError`` in one line.
+    Fields are :func:`truncate`'s parameters (``checkpoint``: its ``checkpoint_or_model``). ``strategy`` None
+    becomes ``auto`` without ``keep`` and :data:`DEFAULT_STRATEGY` with it; an impossible combination raises
+    ``ValueError`` (an :class:`~isiwatch.truncation.errors.OptionError` naming the parameters) in one line.
     """
 
-    checkpoint: Path
-    out: Path
+    checkpoint: Path | nn.Module
+    out: Path | None = None
     analysis: Path | None = None
-    data: str = "mnist"
-    eval_data: str | None = None
+    data: Data = "mnist"
+    eval_data: Data | None = None
     strategy: str | None = None
     keep: int | None = None
     max_drop: float = DEFAULT_MAX_DROP
@@ -329,27 +223,35 @@ class TruncateRequest:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        self.checkpoint, self.out = Path(self.checkpoint), Path(self.out)
-        self.analysis = None if self.analysis is None else Path(self.analysis)
-        self.report = None if self.report is None else Path(self.report)
+        if not isinstance(self.checkpoint, nn.Module):
+            self.checkpoint = Path(self.checkpoint)
+        self.out, self.analysis, self.report = (None if p is None else Path(p)
+                                                for p in (self.out, self.analysis, self.report))
         self.strategy = self.strategy or ("auto" if self.keep is None else DEFAULT_STRATEGY)
-        if self.strategy not in ("auto", *STRATEGIES):
-            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of auto, {', '.join(STRATEGIES)}")
-        if self.strategy == "auto" and self.keep is not None:
-            raise ValueError("--keep fixes the depth; it cannot be combined with --strategy auto")
+        if self.strategy != "auto":
+            get_strategy(self.strategy)
+        elif self.keep is not None:
+            raise OptionError("{keep} fixes the depth; it cannot be combined with {strategy:'auto'}")
         check_search_options(self.max_drop, self.budget)
         if self.fmt not in ("pt", "safetensors"):
             raise ValueError(f"unknown format {self.fmt!r} (use 'pt' or 'safetensors')")
         if self.epochs < 0 or self.images < 4:
             raise ValueError(f"epochs must be at least 0 and images at least 4, got {self.epochs} and {self.images}")
-        _check_paths({"checkpoint": self.checkpoint, "--analysis": self.analysis},
-                     {"--out": self.out, "--report": self.report})
-        if self.checkpoint.is_dir() and self.out.exists():
-            raise ValueError(f"--out {self.out}: exists; a truncated Hugging Face model is written to a new directory")
+        if isinstance(self.checkpoint, nn.Module) and self.out is not None:
+            raise OptionError("{out} writes a checkpoint rebuilt from the input checkpoint's architecture; a model "
+                              "object has none: save the result's model yourself")
+        if self.mean is not None and not isinstance(self.data, (str, Path)):
+            raise OptionError("{mean} and {std} normalise images read from a name or a folder; tensors and "
+                              "DataLoaders are used as they are")
+        path = None if isinstance(self.checkpoint, nn.Module) else self.checkpoint
+        _check_paths({"checkpoint": path, "analysis": self.analysis}, {"out": self.out, "report": self.report})
+        if path is not None and path.is_dir() and self.out is not None and self.out.exists():
+            raise OptionError("{out} {path}: exists; a truncated Hugging Face model is written to a new directory",
+                              path=self.out)
 
 
 class HealOptions(TypedDict, total=False):
-    """Keyword arguments of :func:`heal`."""
+    """Keyword arguments of :func:`~isiwatch.truncation.healing.heal`."""
 
     epochs: int
     lr: float
@@ -369,7 +271,7 @@ class TruncationPlan:
     checkpoint: Checkpoint
     uncut: nn.Module
     split: Split
-    normalization: Normalization
+    normalization: Normalization | None  # None: tensors or a DataLoader, used as they are
     metric: str
     phases: Phases | None
     recommendation: DepthRecommendation | None
@@ -378,7 +280,7 @@ class TruncationPlan:
 
     @property
     def depth(self) -> int:
-        return len(_blocks(self.uncut))
+        return len(block_list(self.uncut))
 
     @property
     def heal_options(self) -> HealOptions:
@@ -388,48 +290,62 @@ class TruncationPlan:
                 "amp": r.device.startswith("cuda"), "train_last": r.train_last}
 
 
-def plan(request: TruncateRequest) -> TruncationPlan:
-    """Load the checkpoint and the images, analyse the uncut model where the strategy needs it and, for a fixed
-    strategy, choose the blocks to keep. Refuses (``ValueError``) before any cut or healing."""
+def _load(request: TruncateRequest) -> tuple[Checkpoint, nn.Module]:
+    """The source's record and the uncut model: a model object, a Hugging Face directory or a checkpoint file."""
     r = request
+    if isinstance(r.checkpoint, nn.Module):
+        cfg = getattr(r.checkpoint, "pretrained_cfg", None) or {}
+        name = type(r.checkpoint).__name__
+        return Checkpoint(Path(f"<{name} object>"), cfg.get("architecture", name), {}, {}, ""), r.checkpoint
     if r.checkpoint.is_dir():  # a Hugging Face save_pretrained directory
         uncut, data_config, info = load_pretrained_dir(r.checkpoint)
-        ckpt = Checkpoint(r.checkpoint, info["arch"], {}, {}, info["sha256"], data_config=data_config)
-    else:
-        ckpt = load_checkpoint(r.checkpoint, arch=r.arch, num_heads=r.num_heads, prefer_ema=r.prefer_ema)
-        uncut = build_model(ckpt)
+        return Checkpoint(r.checkpoint, info["arch"], {}, {}, info["sha256"], data_config=data_config), uncut
+    ckpt = load_checkpoint(r.checkpoint, arch=r.arch, num_heads=r.num_heads, prefer_ema=r.prefer_ema)
+    return ckpt, build_model(ckpt)
+
+
+def plan(request: TruncateRequest) -> TruncationPlan:
+    """Load the source and the images, measure on the uncut model what the strategy reads
+    (:func:`~isiwatch.truncation.strategies.inputs_needed`) and, for a fixed strategy, choose the blocks to keep.
+    Refuses (``ValueError``) before any cut or healing."""
+    r = request
+    assert r.strategy is not None  # TruncateRequest resolved None to a strategy
+    ckpt, uncut = _load(r)
     uncut = uncut.to(r.device).eval()
-    depth = len(_blocks(uncut))
+    depth = len(block_list(uncut))
     if r.keep is not None and not 1 <= r.keep < depth:
-        raise ValueError(f"--keep must be between 1 and {depth - 1} for this {depth}-block model, got {r.keep}")
+        raise OptionError("{keep} must be between 1 and {top} for this {depth}-block model, got {value}",
+                          top=depth - 1, depth=depth, value=r.keep)
     tapped = vit_parts(uncut).depth  # CaiT: its class-attention blocks follow the droppable ones
-    source_analysis = _read_analysis(r.analysis, tapped, ckpt.sha256) if r.analysis is not None else None
-    norm = resolve_normalization(uncut, r.data, ckpt.data_config, r.mean, r.std)
+    source_analysis = _read_analysis(r.analysis, tapped, ckpt.sha256 or None) if r.analysis is not None else None
+    norm = (resolve_normalization(uncut, str(r.data), ckpt.data_config, r.mean, r.std)
+            if isinstance(r.data, (str, Path)) else None)
     split = load_split(uncut, r.data, r.eval_data, norm)
     metric = r.metric or (source_analysis.phase_metric if source_analysis else DEFAULT_PHASE_METRIC)
-    if source_analysis is None and (r.keep is None or r.strategy == "plateau"):
+    needs = inputs_needed(r.strategy)
+    if source_analysis is None and (r.keep is None or "phases" in needs):  # the recommendation reads it too
         source_analysis = analyze(uncut, split.train_x[:r.images], split.train_y[:r.images], phase_metric=metric)
     if source_analysis is not None:
         source_analysis = source_analysis.first_blocks(depth)
-    phases = _phases(source_analysis, metric) if source_analysis is not None else None
+    inputs = measure_inputs(uncut, split.train_x[:r.images], needs, analysis=source_analysis, metric=metric,
+                            seed=r.seed)
     recommendation = recommend_depth(source_analysis, r.max_drop / 100) if source_analysis is not None else None
-    distances = (boundary_distances(uncut, split.train_x[:r.images]) if r.strategy in ("auto", "bi", "angular")
-                 else None)
     kept = None
     if r.strategy != "auto":
-        if r.strategy == "plateau" and phases is None:
-            raise ValueError(f"no plateau in the {metric} curve of {r.checkpoint}; "
-                             "pass --keep K or use --strategy auto, tail, bi, angular or random")
-        assert r.strategy is not None  # TruncateRequest resolved None to a strategy
+        chosen = get_strategy(r.strategy)
+        if chosen.missing(inputs):  # all was measured: the curve has no plateau
+            others = ["auto", *(name for name, s in STRATEGIES.items() if "phases" not in s.needs)]
+            raise OptionError("no plateau in the {metric} curve of {source}; use {strategy} "
+                              + ", ".join(others[:-1]) + " or " + others[-1], metric=metric, source=ckpt.path)
         keep = r.keep
         if keep is None:
-            assert recommendation is not None  # without --keep the uncut model was analysed
-            keep = recommendation.depth if r.strategy != "plateau" or phases is None else plateau_keep(phases, depth)
+            assert recommendation is not None  # without keep the uncut model was analysed
+            keep = chosen.default_keep(depth, inputs) if chosen.default_keep else recommendation.depth
             if keep >= depth:
-                raise ValueError(f"the analysis recommends keeping all {depth} blocks ({recommendation.signal}); "
-                                 "pass --keep K to cut anyway, or use --strategy auto")
-        kept = choose_blocks(r.strategy, depth, keep, phases=phases, distances=distances, seed=r.seed)
-    return TruncationPlan(r, ckpt, uncut, split, norm, metric, phases, recommendation, distances, kept)
+                raise OptionError("the analysis recommends keeping all {depth} blocks ({signal}); pass {keep:K} to "
+                                  "cut anyway, or use {strategy:'auto'}", depth=depth, signal=recommendation.signal)
+        kept = choose_blocks(r.strategy, depth, keep, phases=inputs.phases, distances=inputs.distances, seed=r.seed)
+    return TruncationPlan(r, ckpt, uncut, split, norm, metric, inputs.phases, recommendation, inputs.distances, kept)
 
 
 @dataclass
@@ -474,27 +390,33 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
                    "train_last": default_train_last(len(kept)) if r.train_last is None else r.train_last,
                    "epochs": r.epochs, "healing_steps": execution.healing_steps,
                    "lr": r.lr, "distill": r.distill, "data": plan.split.data, "weights": plan.checkpoint.weights,
-                   "normalization": plan.normalization.to_dict(), "device": r.device, "seed": r.seed,
-                   "output": str(r.out), "evaluated_on": "test" if search else "validation+test", "search": search})
+                   "normalization": plan.normalization.to_dict() if plan.normalization else None,
+                   "device": r.device, "seed": r.seed, "output": None if r.out is None else str(r.out),
+                   "evaluated_on": "test" if search else "validation+test", "search": search})
     return result
 
 
-def write(plan: TruncationPlan, execution: Execution, result: dict[str, Any]) -> list[Path]:
-    """Write the healed model with its provenance metadata (a timm checkpoint, checked first to load strictly into
-    ``timm.create_model``; for a Hugging Face directory a new ``save_pretrained`` directory), and the report when
-    one was requested; returns the written paths."""
+def _write_model(plan: TruncationPlan, execution: Execution, result: dict[str, Any], out: Path) -> Path:
+    """The healed model with its provenance metadata: a new ``save_pretrained`` directory for a Hugging Face
+    source, else a timm checkpoint, checked first to load strictly into ``timm.create_model``."""
     r, ckpt = plan.request, plan.checkpoint
     metadata = {"kept_blocks": execution.kept, "source_sha256": ckpt.sha256, "source_checkpoint": str(ckpt.path),
                 "source_depth": plan.depth, **{k: result[k] for k in ("strategy", "metric", "phases", "train_last",
                                                                         "epochs", "distill", "accuracy", "weights",
                                                                         "normalization", "data")}}
-    if r.checkpoint.is_dir():
-        paths = [save_pretrained_dir(execution.model, r.out, metadata)]
-    else:
-        model_kwargs = {**ckpt.model_kwargs, "depth": len(execution.kept)}
-        state = {k: v.detach().cpu() for k, v in execution.model.state_dict().items()}
-        timm.create_model(ckpt.arch, pretrained=False, **model_kwargs).load_state_dict(state, strict=True)
-        paths = [save_checkpoint(r.out, ckpt.arch, model_kwargs, state, metadata, fmt=r.fmt)]
+    if ckpt.path.is_dir():
+        return save_pretrained_dir(execution.model, out, metadata)
+    model_kwargs = {**ckpt.model_kwargs, "depth": len(execution.kept)}
+    state = {k: v.detach().cpu() for k, v in execution.model.state_dict().items()}
+    timm.create_model(ckpt.arch, pretrained=False, **model_kwargs).load_state_dict(state, strict=True)
+    return save_checkpoint(out, ckpt.arch, model_kwargs, state, metadata, fmt=r.fmt)
+
+
+def write(plan: TruncationPlan, execution: Execution, result: dict[str, Any]) -> list[Path]:
+    """Write the healed model (:func:`_write_model`) and the report, each when requested; returns the written
+    paths."""
+    r = plan.request
+    paths = [] if r.out is None else [_write_model(plan, execution, result, r.out)]
     if r.report is not None:
         paths.append(write_json(r.report, result))
     return paths
@@ -509,25 +431,99 @@ class TruncateResult:
     paths: list[Path]
 
 
-def truncate(checkpoint: str | Path, out: str | Path, **options: Any) -> TruncateResult:
-    """Cut ``checkpoint`` down, heal it on ``data`` and write it to ``out``: :class:`TruncateRequest` (checks the
-    options), :func:`plan`, :func:`execute`, :func:`report`, :func:`write`.
+def truncate(
+    checkpoint_or_model: str | Path | nn.Module,
+    out: str | Path | None = None,
+    *,
+    data: Data = "mnist",
+    eval_data: Data | None = None,
+    strategy: str | None = None,
+    keep: int | None = None,
+    max_drop: float = DEFAULT_MAX_DROP,
+    budget: int = DEFAULT_BUDGET,
+    train_last: int | None = None,
+    epochs: int = HEAL_EPOCHS,
+    lr: float = HEAL_LR,
+    distill: bool = False,
+    analysis: str | Path | None = None,
+    metric: str | None = None,
+    images: int = 1000,
+    fmt: str = "pt",
+    report: str | Path | None = None,
+    arch: str | None = None,
+    num_heads: int | None = None,
+    prefer_ema: bool = True,
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
+    device: str = "cpu",
+    seed: int = 0,
+    progress: bool = False,
+) -> TruncateResult:
+    """Cut a trained ViT down to fewer blocks and heal it by fine-tuning its late blocks.
 
-    ``strategy="auto"`` (the default without ``keep``) searches for the cheapest healed cut whose
-    validation accuracy is at most ``max_drop`` points below the uncut model's, healing at most ``budget``
-    candidates (:mod:`isiwatch.truncation.strategies`); when none qualifies the uncut weights are written. A fixed
-    ``strategy`` (``bi`` by default with ``keep``) cuts to ``keep`` blocks; without ``keep``, ``plateau`` cuts
-    the plateau of ``metric`` and the others cut to the recommended depth
-    (:func:`isiwatch.measure.depth.recommend_depth`,
-    from ``analysis`` or an analysis of ``images`` healing images). ``train_last`` defaults to the late
-    half of the kept blocks; ``epochs`` of healing (0: cut only). ``eval_data`` (or ``data``'s own
-    ``train/``+``validation/`` layout) separates healing from evaluation images (:func:`load_split`); images are
-    normalised with ``mean``/``std``, else as the checkpoint records
-    (:func:`~isiwatch.io.model_images.resolve_normalization`).
-    The report and the output's metadata record the images, the normalisation and the weights (EMA or not)
-    used. The input file is never written; outputs are written atomically, only after everything succeeded.
+    By default (``auto``) it searches for the cheapest healed cut whose validation accuracy stays within
+    ``max_drop`` points of the uncut model's; when none does, the uncut weights are returned. The steps are
+    :class:`TruncateRequest` (checks the options before anything is read), :func:`plan`, :func:`execute`,
+    :func:`report` and :func:`write`; :func:`~isiwatch.truncation.surgery.cut` and
+    :func:`~isiwatch.truncation.healing.heal` do the surgery and the healing on their own. The input is never
+    written; outputs are written atomically, only after everything succeeded.
+
+    Args:
+        checkpoint_or_model: A timm ViT classifier (an ``nn.Module``, moved to ``device`` and put in eval mode but
+            otherwise untouched), a checkpoint file (timm ``train.py``, isiwatch, Lightning, safetensors) or a
+            Hugging Face ``save_pretrained`` directory.
+        out: Where to write the healed model (a new directory for a Hugging Face source); None writes nothing.
+            Only for a checkpoint or directory: a model object has no architecture record to rebuild from.
+        data: Healing and held-out images: ``"mnist"`` (the embedded digits), an ImageFolder directory (20 % held
+            out, unless it has ``train/`` and ``validation/`` sub-folders), model-ready ``(images, labels)``
+            tensors (the last 20 % held out) or a DataLoader of such batches (gathered into memory).
+        eval_data: Images to validate and test on (halved), in any form ``data`` takes; all of ``data`` then heals.
+        strategy: Which blocks to keep: ``"auto"`` (the default without ``keep``) or a name in
+            :data:`~isiwatch.truncation.strategies.STRATEGIES` (``"bi"`` by default with ``keep``).
+        keep: Blocks to keep, for a fixed strategy; None: the plateau cut's depth for ``plateau``, the recommended
+            depth (:func:`~isiwatch.measure.depth.recommend_depth`) for the others.
+        max_drop: ``auto``: validation accuracy points a cut may lose.
+        budget: ``auto``: candidates healed at most.
+        train_last: Kept blocks to fine-tune, counted from the end; None: the late half.
+        epochs: Healing epochs (0: cut only).
+        lr: Peak healing learning rate.
+        distill: Also distil the uncut model's logits while healing.
+        analysis: An ``analysis.json`` of this model (default: analyse it on ``images`` healing images).
+        metric: The curve whose plateau ``plateau`` cuts (default: the analysis's, else token_similarity).
+        images: Healing images the analysis and the block scores are measured on.
+        fmt: Checkpoint format of ``out``: ``"pt"`` or ``"safetensors"``.
+        report: Also write the report as JSON here.
+        arch: timm architecture of a checkpoint that records none (default: inferred).
+        num_heads: Attention heads of a checkpoint that records neither them nor an architecture.
+        prefer_ema: Read a checkpoint's ``state_dict_ema`` when it has one.
+        mean: Per-channel mean for images read from a name or a folder (with ``std``; default: as the checkpoint
+            records, :func:`~isiwatch.io.model_images.resolve_normalization`).
+        std: Per-channel standard deviation, with ``mean``.
+        device: Where to measure and heal (``"cpu"``, ``"cuda"``).
+        seed: Healing order and ``random`` strategy seed.
+        progress: Show progress bars.
+
+    Returns:
+        The truncated model, the report dict (costs, accuracies, every choice made, the ``auto`` search) and the
+        written paths.
+
+    Raises:
+        ValueError: An impossible option or combination, unreadable inputs or images, a model that cannot be cut;
+            raised before any healing, in one line that names the parameters.
     """
-    planned = plan(TruncateRequest(Path(checkpoint), Path(out), **options))
+    source = checkpoint_or_model if isinstance(checkpoint_or_model, nn.Module) else Path(checkpoint_or_model)
+    return _run(TruncateRequest(
+        source, out=None if out is None else Path(out), analysis=None if analysis is None else Path(analysis),
+        data=data, eval_data=eval_data, strategy=strategy, keep=keep, max_drop=max_drop, budget=budget,
+        train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images, fmt=fmt,
+        report=None if report is None else Path(report), arch=arch, num_heads=num_heads, prefer_ema=prefer_ema,
+        mean=mean, std=std, device=device, seed=seed, progress=progress))
+
+
+def _run(request: TruncateRequest) -> TruncateResult:
+    """:func:`plan`, :func:`execute`, :func:`report` and :func:`write` (out of :func:`truncate`, whose ``report``
+    parameter hides the function)."""
+    planned = plan(request)
     execution = execute(planned)
     result = report(planned, execution)
     return TruncateResult(execution.model, result, write(planned, execution, result))
@@ -540,11 +536,12 @@ def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation
 
     ``heal_options``: keyword arguments of :func:`heal`.
     """
-    depth = len(_blocks(uncut))
+    depth = len(block_list(uncut))
     reference = accuracy(uncut, split.val_x, split.val_y)
+    inputs = CutInputs(phases, distances, seed)
 
     def blocks_for(strategy: str, keep: int) -> list[int] | None:
-        if strategy == "plateau" and phases is None:
+        if STRATEGIES[strategy].missing(inputs):  # plateau without a plateau
             return None
         return choose_blocks(strategy, depth, keep, phases=phases, distances=distances, seed=seed)
 

@@ -2,8 +2,9 @@
 
 Every ``every_n_steps`` optimizer steps it runs one probe pass on a fixed probe batch, records the
 per-layer curves, detects the phases and plateau onset, recommends a depth (:mod:`isiwatch.measure.depth`), raises
-alerts, updates early stopping and exports to TensorBoard, Prometheus and JSONL; closing it samples the last
-step once more if that step was not sampled. Between sampling steps ``step()`` is a modulo and a return.
+alerts, updates early stopping and exports to TensorBoard, Prometheus, JSONL and the exporters it is given; closing
+it samples the last step once more if that step was not sampled. Between sampling steps ``step()`` is a modulo and a
+return.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ from ..measure.phases import PlateauTracker
 from ..taps import ViTParts, input_problem, unwrap_model, vit_parts
 from .alerts import Alert, AlertEngine, AlertRules, AlertSink, log_sink
 from .config import WatchOptions, build_options
-from .exporters import JsonlExporter, PrometheusExporter, TensorBoardExporter
+from .exporters import Exporter, JsonlExporter, PrometheusExporter, SampleContext, TensorBoardExporter
 from .sample import PLATEAU_SERIES, Sample, series_names
 from .stopping import EarlyStopping, PlateauStopping
 
@@ -89,7 +90,9 @@ class Watch:
       ``stop_on_plateau``;
     - export: ``log_dir`` (TensorBoard + ``metrics.jsonl`` + ``alerts.jsonl``), ``registry`` (a
       prometheus_client ``CollectorRegistry``; a private one by default), ``prometheus_port`` (HTTP on
-      ``prometheus_host``, 127.0.0.1 by default), ``pushgateway``, ``textfile``, ``run_name``.
+      ``prometheus_host``, 127.0.0.1 by default), ``pushgateway``, ``textfile``, ``run_name``; ``exporters``:
+      more :class:`~isiwatch.watch.exporters.Exporter` instances (MLflow, W&B or your own), called after the
+      built-in ones (kept in :attr:`exporters`).
 
     The options, the probe batch (shape, labels, channels against the model's patch embedding) and the names
     in ``monitor`` and ``phase_metric`` (against :attr:`series_names`, the series this model's samples hold)
@@ -104,7 +107,7 @@ class Watch:
                  registry: CollectorRegistry | None = None,
                  prometheus_port: int | None = None, run_name: str | None = None,
                  config: str | Path | dict[str, Any] | None = None, alert_callback: AlertSink | None = None,
-                 **options: Any):
+                 exporters: Sequence[Exporter] = (), **options: Any):
         explicit = {k: v for k, v in {"every_n_steps": every_n_steps, "prometheus_port": prometheus_port,
                                       "run_name": run_name,
                                       "log_dir": None if log_dir is None else str(log_dir)}.items()
@@ -116,6 +119,10 @@ class Watch:
         _check_probe_batch(self._parts, probe_images, probe_labels, opts)
         self.probe_images = probe_images
         self.probe_labels = probe_labels
+        for exporter in exporters:
+            if not isinstance(exporter, Exporter):
+                raise TypeError(f"exporters must be isiwatch.watch.exporters.Exporter instances, got "
+                                f"{type(exporter).__name__}")
         metrics = tracked_metrics(self._parts.has_cls, probe_labels is not None, opts.with_isi_recon)
         #: Every series a sample of this model can hold: what ``monitor`` may name.
         self.series_names = frozenset(series_names(metrics, self._parts.depth))
@@ -138,20 +145,40 @@ class Watch:
         self._seen_loss: float | Tensor | None = None
         self._closed = False
 
-        self.jsonl = self.tensorboard = self.prometheus = None
-        sinks: list[AlertSink] = [log_sink]
+        #: Where samples and alert records go, in call order: the built-in exporters the options ask for, then
+        #: ``exporters``. Empty on ranks other than 0, and once the Watch is closed.
+        self.exporters: list[Exporter] = []
+        self._prometheus: PrometheusExporter | None = None
         if self.rank == 0:
             if opts.log_dir:
-                self.jsonl = JsonlExporter(opts.log_dir, self.run)
-                self.tensorboard = TensorBoardExporter(opts.log_dir, opts.heatmap_every)
-                sinks += [self.jsonl.write_alert, self.tensorboard.write_alert]
+                self.exporters += [JsonlExporter(opts.log_dir), TensorBoardExporter(opts.log_dir, opts.heatmap_every)]
             if registry is not None or opts.prometheus_port is not None or opts.pushgateway or opts.textfile:
-                self.prometheus = PrometheusExporter(self.run, registry, opts.prometheus_port,
-                                                     opts.prometheus_host, opts.pushgateway, opts.textfile)
-                sinks.append(self.prometheus.write_alert)
+                self._prometheus = PrometheusExporter(self.run, registry, opts.prometheus_port,
+                                                      opts.prometheus_host, opts.pushgateway, opts.textfile)
+                self.exporters.append(self._prometheus)
+            self.exporters += exporters
+        sinks: list[AlertSink] = [log_sink, self._write_alert]
         if alert_callback is not None:
             sinks.append(alert_callback)
         self.alerts = AlertEngine(self.run, sinks)
+
+    @property
+    def prometheus(self) -> PrometheusExporter | None:
+        """The built-in Prometheus exporter (its ``port`` is the HTTP server's), or None when the options ask for
+        none or this is not rank 0."""
+        return self._prometheus
+
+    def _each(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` (an :class:`~isiwatch.watch.exporters.Exporter` method) on every exporter, in order."""
+        for exporter in self.exporters:
+            getattr(exporter, hook)(*args)
+
+    def _write_alert(self, alert: Alert) -> None:
+        self._each("write_alert", alert)
+
+    def _context(self) -> SampleContext:
+        return SampleContext(self.run, tuple(self.history), self.tracker.onset_step, frozenset(self.alerts.active),
+                             dict(self.alerts.opened), self.should_stop)
 
     def _check_series(self, probes: bool) -> None:
         """``phase_metric`` and ``monitor`` name curves this model's samples will have (checked here, not at
@@ -225,13 +252,7 @@ class Watch:
         alerts = self.alerts.update(global_step, self.rules.conditions(sample, self.tracker))
         if stopping:
             self._update_stopping(sample)
-        if self.jsonl:
-            self.jsonl.write_sample(sample)
-        if self.tensorboard:
-            self.tensorboard.write_sample(sample, self.history)
-        if self.prometheus:
-            self.prometheus.write_sample(sample, self.tracker.onset_step, self.alerts.active, self.should_stop,
-                                         self.alerts.opened)
+        self._each("write_sample", sample, self._context())
         return alerts
 
     def _update_stopping(self, sample: Sample) -> None:
@@ -306,10 +327,7 @@ class Watch:
         if run == self.run:
             return
         self.run = self.alerts.run = run
-        if self.jsonl:
-            self.jsonl.run = run
-        if self.prometheus:
-            self.prometheus.rename(run)
+        self._each("rename", run)
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self, *, final_sample: bool = True) -> None:
@@ -325,14 +343,8 @@ class Watch:
                 logger.warning("isiwatch: run %s ended without a single sample: step() was never called, so "
                                "nothing was recorded", self.run)
         self._seen_loss = None  # may hold the caller's loss tensor
-        if self.tensorboard:
-            self.tensorboard.close(self.history)
-            self.tensorboard = None
-        if self.jsonl:
-            self.jsonl.close()
-            self.jsonl = None
-        if self.prometheus:
-            self.prometheus.close()
+        self._each("close", self._context())
+        self.exporters = []
 
     def __enter__(self) -> Watch:
         return self

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, push_to_gateway, start_http_server
@@ -13,6 +12,7 @@ from prometheus_client import write_to_textfile as _write_textfile
 
 from ..alerts import ALERT_KINDS, Alert
 from ..sample import Sample
+from .base import Exporter, SampleContext
 
 logger = logging.getLogger("isiwatch")
 
@@ -27,13 +27,23 @@ EXPORTED_NAMES = (
 )
 
 
-class PrometheusExporter:
+class PrometheusExporter(Exporter):
     """Gauges per layer and metric plus plateau, recommended-depth, alert and liveness series, labelled by
     ``run``.
 
     A value that does not exist is not published (the series is absent), never a sentinel such as -1: the
     plateau span while the sample has no plateau, the onset step and span while no ``plateau_onset``
-    episode is open, an alert kind's start step while its episode is closed."""
+    episode is open, an alert kind's start step while its episode is closed.
+
+    Args:
+        run: The ``run`` label.
+        registry: The registry the metrics live in (a private one by default).
+        port: Serve the registry over HTTP on this port (0: any free one; None: no server).
+        host: The address the HTTP server binds.
+        pushgateway: Push the registry to this gateway after every sample.
+        textfile: Rewrite this node-exporter textfile after every sample.
+        job: The push gateway's ``job``.
+    """
 
     def __init__(self, run: str, registry: CollectorRegistry | None = None, port: int | None = None,
                  host: str = "127.0.0.1", pushgateway: str | None = None, textfile: str | Path | None = None,
@@ -92,10 +102,8 @@ class PrometheusExporter:
     def port(self) -> int | None:
         return self.server.server_address[1] if self.server else None
 
-    def write_sample(self, sample: Sample, onset_step: int | None, active_alerts: set[str],
-                     stop_requested: bool, opened: Mapping[str, Alert] | None = None) -> None:
-        """``opened``: the record that opened each open episode (:attr:`isiwatch.watch.alerts.AlertEngine.opened`)."""
-        opened = opened or {}
+    def write_sample(self, sample: Sample, context: SampleContext) -> None:
+        opened = context.opened
         for metric, values in sample.layers.items():
             for i, v in enumerate(values):
                 self.layer_metric.labels(self.run, f"{i:02d}", metric).set(v)
@@ -104,19 +112,19 @@ class PrometheusExporter:
         _set(self.plateau_start, ph.plateau[0] if ph else None, self.run)
         _set(self.plateau_end, ph.plateau[1] if ph else None, self.run)
         self.plateau_length.labels(self.run).set(ph.length if ph else 0)
-        _set(self.onset_step, onset_step, self.run)
+        _set(self.onset_step, context.onset_step, self.run)
         span = opened["plateau_onset"].data.get("plateau") if "plateau_onset" in opened else None
         _set(self.onset_start, span[0] if span else None, self.run)
         _set(self.onset_end, span[1] if span else None, self.run)
         for kind in ALERT_KINDS:
-            self.alert_active.labels(self.run, kind).set(int(kind in active_alerts))
+            self.alert_active.labels(self.run, kind).set(int(kind in context.active_alerts))
             _set(self.alert_start, opened[kind].step if kind in opened else None, self.run, kind)
         self.last_sample.labels(self.run).set(sample.time)
         self.duration.labels(self.run).observe(sample.duration_s)
         self.step.labels(self.run).set(sample.step)
         if sample.loss is not None and math.isfinite(sample.loss):
             self.loss.labels(self.run).set(sample.loss)
-        self.stop.labels(self.run).set(int(stop_requested))
+        self.stop.labels(self.run).set(int(context.stop_requested))
         if sample.recommendation is not None:
             self.recommended_depth.labels(self.run).set(sample.recommendation.depth)
         self.publish()
@@ -157,7 +165,12 @@ class PrometheusExporter:
         except OSError as exc:
             logger.warning("isiwatch: Prometheus push/textfile export failed (%s); training continues", exc)
 
-    def close(self) -> None:
+    def close(self, context: SampleContext | None = None) -> None:
+        """Stop the HTTP server, if any (the registry keeps the last values).
+
+        Args:
+            context: Unused; optional so that a caller who kept the exporter past its Watch can close it.
+        """
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()

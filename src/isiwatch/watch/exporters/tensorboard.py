@@ -15,10 +15,16 @@ from pathlib import Path
 from ...measure.plots import heatmap_figure
 from ..alerts import Alert
 from ..sample import Sample
+from .base import Exporter, SampleContext, present_series
 
 
-class TensorBoardExporter:
-    """Writes through ``torch.utils.tensorboard.SummaryWriter``; heat-maps every ``heatmap_every`` samples."""
+class TensorBoardExporter(Exporter):
+    """Writes through ``torch.utils.tensorboard.SummaryWriter``; heat-maps every ``heatmap_every`` samples.
+
+    Args:
+        log_dir: The folder of the event files.
+        heatmap_every: Samples between two heat-map writes (the close writes them once more).
+    """
 
     def __init__(self, log_dir: str | Path, heatmap_every: int = 10):
         from torch.utils.tensorboard import SummaryWriter
@@ -36,17 +42,15 @@ class TensorBoardExporter:
         self.writer.add_custom_scalars({"isiwatch": charts})
         self._layout_written = True
 
-    def write_sample(self, sample: Sample, history: Sequence[Sample]) -> None:
+    def write_sample(self, sample: Sample, context: SampleContext) -> None:
         if not self._layout_written:
             self._write_layout(sample)
-        for name, value in sample.series().items():
-            if name.startswith("plateau/") and not math.isfinite(value):
-                continue
+        for name, value in present_series(sample).items():
             self.writer.add_scalar(f"isiwatch/{name}", value, sample.step, walltime=sample.time)
         self.writer.add_scalar("isiwatch/sample_duration_seconds", sample.duration_s, sample.step)
         self._samples += 1
         if self._samples % self.heatmap_every == 0:
-            self.write_heatmaps(history)
+            self.write_heatmaps(context.history)
         self.writer.flush()
 
     def write_heatmaps(self, history: Sequence[Sample]) -> None:
@@ -64,6 +68,6 @@ class TensorBoardExporter:
                              alert.step, walltime=alert.time)
         self.writer.flush()
 
-    def close(self, history: Sequence[Sample] = ()) -> None:
-        self.write_heatmaps(history)
+    def close(self, context: SampleContext) -> None:
+        self.write_heatmaps(context.history)
         self.writer.close()

@@ -1,0 +1,89 @@
+"""Block surgery: measure what a strategy reads, choose its blocks and copy a ViT with only those blocks — the cut
+of ``truncate`` without its healing or search."""
+
+from __future__ import annotations
+
+import copy
+
+from torch import Tensor, nn
+
+from ..measure.analysis import DEFAULT_PHASE_METRIC, Analysis, analyze
+from ..measure.boundary_distances import boundary_distances
+from ..measure.phases import Phases
+from ..taps import vit_parts
+from .classifier_layout import block_list, block_path, with_blocks
+from .errors import OptionError
+from .strategies import DEFAULT_STRATEGY, CutInputs, choose_blocks, get_strategy
+
+__all__ = ["cut", "cut_vit", "measure_inputs"]
+
+
+def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
+    """A copy of a ViT classifier (timm or transformers) with only the ``kept`` blocks, in that order; ``model`` is
+    left untouched."""
+    source = block_list(model)
+    depth = len(source)
+    if not kept or sorted(set(kept)) != list(kept) or not 0 <= kept[0] <= kept[-1] < depth:
+        raise ValueError(f"kept blocks must be ascending, distinct indices below {depth}, got {kept}")
+    path = block_path(model)
+    moved = [i for position, i in enumerate(kept) if i != position]
+    fixed = vit_parts(model).fixed_block_positions
+    if moved and fixed:
+        raise OptionError("cannot move {block} {index} to position {position}: {fixed}, so such a cut does not "
+                          "rebuild with timm; keep the first blocks ({strategy:'tail'})",
+                          block=type(source[0]).__name__, index=moved[0], position=kept.index(moved[0]), fixed=fixed)
+    cut = copy.deepcopy(model, {id(source): type(source)()})  # the blocks are not copied here…
+    with_blocks(cut, path, [copy.deepcopy(source[i]) for i in kept])  # …only the kept ones, here
+    return cut
+
+
+def phases_of(analysis: Analysis, metric: str) -> Phases | None:
+    """The phases of ``metric`` in ``analysis`` (None without a plateau); ``ValueError`` for an untracked curve."""
+    try:
+        return analysis.detect_phases(metric)
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+
+
+def measure_inputs(model: nn.Module, images: Tensor, needs: frozenset[str], *, analysis: Analysis | None = None,
+                   metric: str = DEFAULT_PHASE_METRIC, seed: int = 0) -> CutInputs:
+    """What strategies reading ``needs`` (:func:`~isiwatch.truncation.strategies.inputs_needed`) read from the uncut
+    ``model``: the phases of ``metric`` in ``analysis`` (analysing ``images`` when none is given and phases are
+    needed) and the boundary distances on ``images``; nothing that is not needed is measured."""
+    if analysis is None and "phases" in needs:
+        analysis = analyze(model, images, phase_metric=metric).first_blocks(len(block_list(model)))
+    return CutInputs(phases_of(analysis, metric) if analysis is not None else None,
+                     boundary_distances(model, images) if "distances" in needs else None, seed)
+
+
+def cut(model: nn.Module, keep: int, *, strategy: str = DEFAULT_STRATEGY, images: Tensor | None = None,
+        metric: str = DEFAULT_PHASE_METRIC, seed: int = 0) -> nn.Module:
+    """A copy of ``model`` with only ``keep`` of its blocks, neither healed nor searched: for healing in your own
+    training loop (or with :func:`~isiwatch.truncation.healing.heal`).
+
+    Args:
+        model: A timm ViT classifier (or a transformers one); left untouched.
+        keep: How many blocks to keep, from 1 to the model's depth − 1.
+        strategy: Which blocks to keep: a name in :data:`~isiwatch.truncation.strategies.STRATEGIES`. ``auto``
+            compares healed candidates, so only :func:`~isiwatch.truncation.truncate.truncate` runs it.
+        images: Model-ready (sized and normalised) images to measure the model on; ``plateau``, ``bi`` and
+            ``angular`` read the model's response to them, a few hundred are enough.
+        metric: The per-layer curve whose plateau ``plateau`` drops.
+        seed: Seed of the ``random`` strategy.
+
+    Returns:
+        The cut model, a copy on ``model``'s device.
+
+    Raises:
+        ValueError: An unknown strategy, ``keep`` out of range, or a strategy that measures the model without
+            ``images`` (or, for ``plateau``, a curve without a plateau).
+    """
+    chosen = get_strategy(strategy)
+    needs = chosen.needs
+    if needs and images is None:
+        raise OptionError("the {name} strategy measures the model: pass {images}", name=chosen.name)
+    depth = len(block_list(model))
+    inputs = CutInputs(seed=seed) if images is None else measure_inputs(model, images, needs, metric=metric, seed=seed)
+    kept = choose_blocks(chosen.name, depth, keep, phases=inputs.phases, distances=inputs.distances, seed=seed)
+    return cut_vit(model, kept)
+

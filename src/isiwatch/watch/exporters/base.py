@@ -1,0 +1,84 @@
+"""The exporter extension point: one base class whose hooks :class:`~isiwatch.watch.monitor.Watch` calls.
+
+A new backend is one file with one :class:`Exporter` subclass, passed to ``Watch(exporters=[...])``; the Watch
+needs no change. Every hook has the same signature for every exporter and does nothing by default, so an
+exporter implements only the events it cares about (as Lightning's ``Logger`` and prometheus_client's
+one-method ``Collector``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..alerts import Alert
+from ..sample import Sample
+
+
+def present_series(sample: Sample) -> dict[str, float]:
+    """``sample.series()`` less the plateau span of a sample without a plateau: NaN there means absent, and a
+    backend should show a gap, not a value.
+
+    Args:
+        sample: The sample.
+    """
+    return {name: v for name, v in sample.series().items() if math.isfinite(v) or not name.startswith("plateau/")}
+
+
+@dataclass(frozen=True)
+class SampleContext:
+    """The Watch's state that goes with a sample (and with the close), so that no exporter needs the Watch.
+
+    Args:
+        run: The run's name (the saved one after a resume).
+        history: The samples the Watch keeps, oldest first, the current one last.
+        onset_step: The step of plateau onset while a ``plateau_onset`` episode is open, else None.
+        active_alerts: The alert kinds whose episode is open.
+        opened: The record that opened each open episode (its step is where the episode began).
+        stop_requested: Whether the Watch has asked training to stop.
+    """
+
+    run: str
+    history: Sequence[Sample]
+    onset_step: int | None
+    active_alerts: frozenset[str]
+    opened: Mapping[str, Alert]
+    stop_requested: bool
+
+
+class Exporter:
+    """Receives the Watch's samples and alert records; subclass it and override the hooks you need.
+
+    The Watch calls the hooks on rank 0 only, so an exporter built on every rank of a distributed job should
+    open its backend on the first call, not in ``__init__``.
+    """
+
+    def write_sample(self, sample: Sample, context: SampleContext) -> None:
+        """Export one sample (called after the sample's alerts and the stopping decision).
+
+        Args:
+            sample: The new sample; ``sample.series()`` holds its flat named series.
+            context: The Watch's state at this sample.
+        """
+
+    def write_alert(self, alert: Alert) -> None:
+        """Export one alert record (opening, ``*_cleared`` or ``early_stop``), as it is emitted.
+
+        Args:
+            alert: The record.
+        """
+
+    def rename(self, run: str) -> None:
+        """Use ``run`` as the run's name from now on: a resumed run takes its saved name, so it stays one run.
+
+        Args:
+            run: The new name.
+        """
+
+    def close(self, context: SampleContext) -> None:
+        """Flush and release the backend; the Watch calls no hook after this.
+
+        Args:
+            context: The Watch's state at the close.
+        """

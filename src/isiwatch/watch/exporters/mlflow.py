@@ -1,0 +1,89 @@
+"""MLflow: every sample's series as metrics at the training step, alert records as metrics and tags.
+
+Needs ``pip install isiwatch[mlflow]`` (``mlflow-skinny``); mlflow is imported when the exporter is built, never by
+``import isiwatch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..alerts import Alert
+from ..sample import Sample
+from .base import Exporter, SampleContext, present_series
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+
+class MlflowExporter(Exporter):
+    """Logs through ``MlflowClient`` with an explicit run id, since the fluent API's active run is not seen from
+    other threads (a framework's callback thread, for one).
+
+    Metric ``<prefix><series>`` holds each series of :meth:`isiwatch.watch.sample.Sample.series` at the sample's
+    step (no point where a sample has no plateau span); metric ``<prefix>alerts/<kind>`` is 1 when an episode
+    opens (and at ``early_stop``) and 0 when it clears; tag ``isiwatch.alert.<kind>`` holds the last record's
+    step and message. A new run starts at the first sample or alert, named after the Watch's run.
+
+    Args:
+        tracking_uri: The tracking server or store; MLflow's default (``MLFLOW_TRACKING_URI``) when None.
+        experiment: The experiment of a new run, created if missing; MLflow's default experiment when None.
+        run_id: Log into this existing run (e.g. ``mlflow.active_run().info.run_id``), which the close leaves
+            open, instead of starting one.
+        params: Logged once, when the run is first written to.
+        prefix: Prepended to every metric name.
+    """
+
+    def __init__(self, tracking_uri: str | None = None, experiment: str | None = None, run_id: str | None = None,
+                 params: Mapping[str, Any] | None = None, prefix: str = "isiwatch/"):
+        from mlflow.tracking import MlflowClient
+
+        self.client: MlflowClient = MlflowClient(tracking_uri)
+        self.experiment = experiment
+        self.run_id = run_id
+        self.params = dict(params or {})
+        self.prefix = prefix
+        self._owned = run_id is None  # a run this exporter starts, it also ends
+        self._started = False
+
+    def _start(self, run: str) -> str:
+        """The run id, starting the run and logging the params on the first call."""
+        if self.run_id is None:
+            experiment_id = "0"  # MLflow's default experiment
+            if self.experiment is not None:
+                found = self.client.get_experiment_by_name(self.experiment)
+                experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
+            self.run_id = self.client.create_run(experiment_id, run_name=run).info.run_id
+        if not self._started:
+            from mlflow.entities import Param
+
+            self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in self.params.items()])
+            self._started = True
+        return self.run_id
+
+    def write_sample(self, sample: Sample, context: SampleContext) -> None:
+        from mlflow.entities import Metric
+
+        run_id = self._start(context.run)
+        ms = int(sample.time * 1000)
+        self.client.log_batch(run_id, metrics=[Metric(self.prefix + name, value, ms, sample.step)
+                                               for name, value in present_series(sample).items()])
+
+    def write_alert(self, alert: Alert) -> None:
+        from mlflow.entities import Metric, RunTag
+
+        run_id = self._start(alert.run)
+        kind = alert.kind.removesuffix("_cleared")
+        value = 0.0 if alert.kind.endswith("_cleared") else 1.0
+        self.client.log_batch(run_id, metrics=[Metric(f"{self.prefix}alerts/{kind}", value, int(alert.time * 1000),
+                                                      alert.step)],
+                              tags=[RunTag(f"isiwatch.alert.{kind}", f"step {alert.step}: {alert.message}")])
+
+    def rename(self, run: str) -> None:
+        if self._owned and self.run_id is not None:
+            self.client.set_tag(self.run_id, "mlflow.runName", run)
+
+    def close(self, context: SampleContext) -> None:
+        if self._owned and self.run_id is not None:
+            self.client.set_terminated(self.run_id)
