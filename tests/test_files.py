@@ -126,3 +126,17 @@ def test_atomic_files_moves_all_or_nothing(tmp_path):
         (stage / "a.txt").write_text("A")
         (stage / "b.txt").write_text("B")
     assert [(out / n).read_text() for n in ("a.txt", "b.txt")] == ["A", "B"] and len(list(out.iterdir())) == 2
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_new_output_folders_and_files_follow_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        with atomic_files(tmp_path / "out") as stage:
+            (stage / "a.json").write_text("{}")
+        with atomic_write(tmp_path / "b.json") as fh:
+            fh.write(b"{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o777 & ~umask  # was 0700 whatever the umask
+    assert (tmp_path / "b.json").stat().st_mode & 0o777 == 0o666 & ~umask

@@ -102,14 +102,18 @@ class _Output(io.RawIOBase):
         return size
 
 
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def _open_temp(path: Path) -> tuple[str, _Output]:
     """A new temporary file beside ``path``, with the permissions a plain ``open`` would give it."""
     fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path.name), suffix=".tmp", dir=path.parent)
     raw = _Output(fd)
-    umask = os.umask(0)
-    os.umask(umask)
     try:
-        os.fchmod(fd, 0o666 & ~umask)
+        os.fchmod(fd, 0o666 & ~_umask())
     except OSError:
         raw.close()
         os.unlink(tmp)
@@ -169,6 +173,7 @@ def atomic_files(folder: str | Path, last: Sequence[str] = ()) -> Iterator[Path]
         for place in {home, folder.parent}:  # a killed run staged beside the folder if it was new, else inside
             remove_stale(place, folder.name)
         stage = Path(tempfile.mkdtemp(prefix=_temp_prefix(folder.name), suffix=".tmp", dir=home))
+        stage.chmod(0o777 & ~_umask())  # mkdtemp's 0700, renamed into place, would hide the outputs from others
         try:
             yield stage
         except WriteError as exc:

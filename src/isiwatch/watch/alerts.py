@@ -33,7 +33,7 @@ logger = logging.getLogger("isiwatch")
 SEVERITY_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}
 #: Alert kinds and their severity.
 ALERT_KINDS = {"plateau_onset": "warning", "isi_stall": "warning", "cls_marginalized": "info",
-               "non_finite": "critical", "norm_friction_high": "info"}
+               "non_finite": "critical", "norm_friction_high": "info", "monitor_error": "warning"}
 
 
 @dataclass

@@ -12,6 +12,7 @@ import math
 import reprlib
 import types
 import typing
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -58,6 +59,8 @@ class WatchOptions:
     stopping_threshold: float | None = None
     divergence_threshold: float | None = None
     stop_on_plateau: bool = False
+    max_consecutive_failures: int = 5
+    strict: bool = False
 
     def __post_init__(self) -> None:
         """Direct construction gets the same type and range checks as YAML and ``Watch(**options)``."""
@@ -105,9 +108,25 @@ def _port(v: object) -> str | None:
     return None if not isinstance(v, int) or 0 <= v <= 65535 else f"must be a port 0-65535, got {v}"
 
 
+def _gateway(v: object) -> str | None:
+    """A push gateway address prometheus_client can use: ``host:port`` or an http(s) URL with a host."""
+    if not isinstance(v, str):
+        return None
+    url = v if "://" in v else f"http://{v}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"must be a URL such as http://127.0.0.1:9091, got {quote(v)} ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"must be an http(s) URL with a host, such as http://127.0.0.1:9091, got {quote(v)}"
+    return None if port is None or port > 0 else f"must name a port 1-65535, got {quote(v)}"
+
+
 #: Range and choice rules, shared by the Watch (through :func:`build_options`) and ``isiwatch config check``.
 _RULES: dict[str, Callable[[object], str | None]] = {
-    "every_n_steps": _at_least(1), "prometheus_port": _port, "phase_metric": _one_of(METRICS),
+    "every_n_steps": _at_least(1), "prometheus_port": _port, "pushgateway": _gateway,
+    "max_consecutive_failures": _at_least(1), "phase_metric": _one_of(METRICS),
     "min_layers": _at_least(2), "plateau_patience": _at_least(1), "probe_batch_size": _at_least(1),
     "history_size": _at_least(1), "heatmap_every": _at_least(1), "isi_stall_window": _at_least(2),
     "isi_stall_min_rise": _finite, "isi_stall_min_loss_drop": _finite, "norm_friction_threshold": _finite,

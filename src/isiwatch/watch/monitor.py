@@ -10,6 +10,7 @@ return.
 from __future__ import annotations
 
 import difflib
+import gc
 import logging
 import time
 import uuid
@@ -22,13 +23,15 @@ import torch
 from torch import Tensor, nn
 
 from .._utils.state import PRESENT, checked, is_count, is_number, optional
-from ..measure.analysis import METRICS, analyze, tracked_metrics, untracked_reason
+from ..measure.analysis import METRICS, Analysis, analyze, tracked_metrics, untracked_reason
 from ..measure.depth import recommend_depth
 from ..measure.phases import PlateauTracker
 from ..taps import ViTParts, input_problem, unwrap_model, vit_parts
 from .alerts import Alert, AlertEngine, AlertRules, AlertSink, log_sink
 from .config import WatchOptions, build_options
 from .exporters import Exporter, JsonlExporter, PrometheusExporter, SampleContext, TensorBoardExporter
+from .faults import KIND as FAULT_KIND
+from .faults import FaultLog
 from .sample import PLATEAU_SERIES, Sample, series_names
 from .stopping import EarlyStopping, PlateauStopping
 
@@ -36,6 +39,13 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 logger = logging.getLogger("isiwatch")
+
+
+def _free_memory() -> None:
+    """Return what a failed probe pass allocated to the device (its tensors are garbage once its frames are)."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        torch.cuda.empty_cache()
 
 
 def _distributed() -> bool:
@@ -98,8 +108,17 @@ class Watch:
     in ``monitor`` and ``phase_metric`` (against :attr:`series_names`, the series this model's samples hold)
     are checked here, without a forward pass: a ``ValueError`` now, not at the first sample mid-training.
 
-    Under torch.distributed every rank runs the probe pass (required for sharded models) and all ranks
-    reach the same stop decision; only rank 0 exports.
+    - faults: ``max_consecutive_failures`` (failed samples in a row after which the Watch disables itself),
+      ``strict`` (re-raise instead, for tests and debugging).
+
+    A failure inside the Watch never stops training (:mod:`isiwatch.watch.faults`): a probe pass that raises
+    (an out-of-memory error is retried once in chunks a quarter the size) skips that sample, an exporter that
+    raises is skipped for that call and tried again at the next, and each failing part is reported once, as a
+    ``monitor_error`` alert record (and one line on stderr when the application set up no logging), and again
+    when it recovers. The model, its modes and the RNG streams are left as they were either way.
+
+    Under torch.distributed every rank runs the probe pass (required for sharded models); a failure on any rank
+    makes every rank skip that sample, and all ranks reach the same stop decision; only rank 0 exports.
     """
 
     def __init__(self, model: nn.Module, probe_images: Tensor, probe_labels: Tensor | None = None, *,
@@ -161,6 +180,10 @@ class Watch:
         if alert_callback is not None:
             sinks.append(alert_callback)
         self.alerts = AlertEngine(self.run, sinks)
+        self.faults = FaultLog(self.alerts)
+        #: Set once ``max_consecutive_failures`` samples in a row failed: ``step`` does nothing after that.
+        self.disabled = False
+        self._failed_in_a_row = 0
 
     @property
     def prometheus(self) -> PrometheusExporter | None:
@@ -169,9 +192,21 @@ class Watch:
         return self._prometheus
 
     def _each(self, hook: str, *args: Any) -> None:
-        """Call ``hook`` (an :class:`~isiwatch.watch.exporters.Exporter` method) on every exporter, in order."""
-        for exporter in self.exporters:
-            getattr(exporter, hook)(*args)
+        """Call ``hook`` (an :class:`~isiwatch.watch.exporters.Exporter` method) on every exporter, in order. One
+        that raises is reported (:attr:`faults`) and skipped; the next call tries it again, and its next
+        ``write_sample`` that works closes the fault."""
+        names = [type(exporter).__name__ for exporter in self.exporters]
+        for i, exporter in enumerate(list(self.exporters)):
+            source = f"exporter {names[i]}" if names.count(names[i]) == 1 else f"exporter {names[i]}[{i}]"
+            try:
+                getattr(exporter, hook)(*args)
+            except Exception as exc:
+                if self.options.strict:
+                    raise
+                self.faults.failed(source, self.last_step or 0, exc)
+            else:
+                if hook == "write_sample":
+                    self.faults.recovered(source, self.last_step or 0)
 
     def _write_alert(self, alert: Alert) -> None:
         self._each("write_alert", alert)
@@ -236,57 +271,111 @@ class Watch:
         return self._sample(global_step, loss, stopping=True)
 
     def _sample(self, global_step: int, loss: float | Tensor | None, stopping: bool) -> list[Alert]:
+        if self.disabled:
+            return []
         self.last_step = global_step
-        if loss is not None:
-            loss = float(loss.detach() if isinstance(loss, Tensor) else loss) * self.loss_scale
-        start = time.perf_counter()
-        analysis = analyze(self._probe_model, self.probe_images, self.probe_labels,
-                           batch_size=self.options.probe_batch_size, with_isi_recon=self.options.with_isi_recon,
-                           phase_metric=self.options.phase_metric,
-                           phase_options={"min_layers": self.options.min_layers}, parts=self._parts)
-        recommendation = recommend_depth(analysis)
-        sample = Sample(global_step, time.time(), analysis.layers, analysis.phases,
-                        time.perf_counter() - start, loss, recommendation)
+        failure: Exception | None = None
+        try:
+            sample = self._measure(global_step, loss)
+        except Exception as exc:
+            if self.options.strict:
+                raise
+            failure = exc
+        # every rank takes part in the same collectives in the same order, whatever failed where
+        if self._any_rank(failure is not None):
+            return self._skip(global_step, failure or "the probe pass failed on another rank")
+        self._failed_in_a_row = 0
+        self.faults.recovered("probe pass", global_step)
         self.history.append(sample)
-        self.tracker.update(global_step, sample.phases)
-        alerts = self.alerts.update(global_step, self.rules.conditions(sample, self.tracker))
-        if stopping:
-            self._update_stopping(sample)
-        self._each("write_sample", sample, self._context())
-        return alerts
-
-    def _update_stopping(self, sample: Sample) -> None:
-        series = sample.series()
-        reasons = []
-        for stopper in self.stoppers:
-            reasons.append(stopper.update(series.get(stopper.monitor)))
-        if self.plateau_stopper is not None:
-            reasons.append(self.plateau_stopper.update(sample.phases, sample.last_layer_accuracy()))
-        reason = next((r for r in reasons if r), None)
-        stop = self._agree(reason is not None)
-        if stop and not self.should_stop:
+        try:
+            self.tracker.update(global_step, sample.phases)
+            alerts = self.alerts.update(global_step, self.rules.conditions(sample, self.tracker))
+            reason = self._stop_reason(sample) if stopping else None
+        except Exception as exc:
+            if self.options.strict:
+                raise
+            self.faults.failed("alert rules", global_step, exc)
+            alerts, reason = [], None
+        if stopping and self._any_rank(reason is not None) and not self.should_stop:
             self.should_stop = True
             self.stop_reason = reason or "another rank requested the stop"
             self.alerts.dispatch(Alert("early_stop", sample.step, time.time(), self.run, "warning",
                                        f"stopping training: {self.stop_reason}"))
+        self._each("write_sample", sample, self._context())
+        return alerts
 
-    def _agree(self, stop: bool) -> bool:
-        """Every rank gets the same answer: stop if any rank wants to."""
+    def _measure(self, global_step: int, loss: float | Tensor | None) -> Sample:
+        """The probe pass and everything computed from it. An out-of-memory error frees what the pass held and
+        retries once in chunks a quarter the size."""
+        if loss is not None:
+            loss = float(loss.detach() if isinstance(loss, Tensor) else loss) * self.loss_scale
+        start = time.perf_counter()
+        chunk = self.options.probe_batch_size
+        try:
+            analysis = self._analyze(chunk)
+        except torch.OutOfMemoryError:
+            smaller = max(4 if self.options.with_isi_recon else 1, chunk // 4)
+            if smaller >= chunk:
+                raise
+            analysis = None  # the retry runs outside the handler, so the failed pass's frames are released
+        if analysis is None:
+            _free_memory()
+            logger.info("isiwatch: the probe pass ran out of memory; retrying in chunks of %d images", smaller)
+            analysis = self._analyze(smaller)
+        recommendation = recommend_depth(analysis)
+        return Sample(global_step, time.time(), analysis.layers, analysis.phases, time.perf_counter() - start,
+                      loss, recommendation)
+
+    def _analyze(self, batch_size: int) -> Analysis:
+        opts = self.options
+        return analyze(self._probe_model, self.probe_images, self.probe_labels, batch_size=batch_size,
+                       with_isi_recon=opts.with_isi_recon, phase_metric=opts.phase_metric,
+                       phase_options={"min_layers": opts.min_layers}, parts=self._parts)
+
+    def _skip(self, global_step: int, failure: Exception | str) -> list[Alert]:
+        """A sample that failed (here or on another rank): report it, and disable the Watch after
+        ``max_consecutive_failures`` in a row."""
+        self.faults.failed("probe pass", global_step, failure)
+        self._failed_in_a_row += 1
+        if self._failed_in_a_row >= self.options.max_consecutive_failures:
+            self.disabled = True
+            self.faults.report(Alert(FAULT_KIND, global_step, time.time(), self.run, "critical",
+                                     f"isiwatch disabled itself after {self._failed_in_a_row} failed samples in a "
+                                     f"row; training continues unmonitored", {"source": "watch", "disabled": True}))
+        return []
+
+    def _stop_reason(self, sample: Sample) -> str | None:
+        """Update the early-stopping policies with ``sample``; the first reason to stop, if any."""
+        series = sample.series()
+        reasons = [stopper.update(series.get(stopper.monitor)) for stopper in self.stoppers]
+        if self.plateau_stopper is not None:
+            reasons.append(self.plateau_stopper.update(sample.phases, sample.last_layer_accuracy()))
+        return next((r for r in reasons if r), None)
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Every rank gets the same answer: whether ``flag`` is set on any rank (one all-reduce when distributed)."""
         if not _distributed():
-            return stop
+            return flag
         device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
-        flag = torch.tensor([float(stop)], device=device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
+        value = torch.tensor([float(flag)], device=device)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+        return bool(value.item())
 
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume alerts, onset tracking and early stopping (not the history)."""
         return {"version": 1, "run": self.run, "last_step": self.last_step, "should_stop": self.should_stop,
                 "stop_reason": self.stop_reason, "tracker": self.tracker.state_dict(),
-                "alerts": self.alerts.state_dict(), "stoppers": [s.state_dict() for s in self.stoppers],
+                "alerts": self._alert_state(), "stoppers": [s.state_dict() for s in self.stoppers],
                 "plateau_stopper": self.plateau_stopper.state_dict() if self.plateau_stopper else None,
                 "isi_stall": [list(p) for p in self.rules.stall]}
+
+    def _alert_state(self) -> dict[str, Any]:
+        """The alert episodes to resume, less ``monitor_error``: a fault belongs to this process, not the run."""
+        state = self.alerts.state_dict()
+        state["active"] = [k for k in state["active"] if k != FAULT_KIND]
+        state["opened"].pop(FAULT_KIND, None)
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output, all or nothing: the whole state is validated (and loaded into
@@ -319,7 +408,8 @@ class Watch:
         self._rename(run)
         self.last_step, self.should_stop, self.stop_reason = s["last_step"], s["should_stop"], s["stop_reason"]
         self.tracker, self.stoppers, self.plateau_stopper = tracker, stoppers, plateau_stopper
-        self.alerts.active, self.alerts.opened = alerts.active, alerts.opened
+        self.alerts.active = alerts.active | (self.alerts.active & {FAULT_KIND})
+        self.alerts.opened = {**alerts.opened, **{k: v for k, v in self.alerts.opened.items() if k == FAULT_KIND}}
         self.rules.stall.clear()
         self.rules.stall.extend((float(i), float(loss)) for i, loss in s["isi_stall"])
 

@@ -22,20 +22,51 @@ class JsonlExporter(Exporter):
     def __init__(self, log_dir: str | Path):
         self.dir = Path(log_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
-        self._alerts = open(self.dir / "alerts.jsonl", "a", encoding="utf-8")
+        self._files: dict[str, TextIO] = {}
+        for name in ("metrics.jsonl", "alerts.jsonl"):  # fail at construction, not at the first sample
+            self._file(name)
 
-    @staticmethod
-    def _write(fh: TextIO, record: dict[str, Any]) -> None:
-        fh.write(json.dumps(record, allow_nan=False) + "\n")
-        fh.flush()
+    def _file(self, name: str) -> TextIO:
+        if name not in self._files:
+            self._files[name] = open(self.dir / name, "a", encoding="utf-8")
+        return self._files[name]
+
+    def _write(self, name: str, record: dict[str, Any]) -> None:
+        """One line, written whole or not at all: after a failed write (a full disk) the file is closed and
+        reopened by the next write, which starts on a new line."""
+        line = json.dumps(record, allow_nan=False) + "\n"
+        fh = self._file(name)
+        try:
+            fh.write(line)
+            fh.flush()
+        except OSError:
+            self._files.pop(name, None)
+            try:
+                fh.close()
+            except OSError:
+                pass
+            _truncate_torn_line(self.dir / name)
+            raise
 
     def write_sample(self, sample: Sample, context: SampleContext) -> None:
-        self._write(self._metrics, sample.to_dict(context.run))
+        self._write("metrics.jsonl", sample.to_dict(context.run))
 
     def write_alert(self, alert: Alert) -> None:
-        self._write(self._alerts, alert.to_dict())
+        self._write("alerts.jsonl", alert.to_dict())
 
     def close(self, context: SampleContext) -> None:
-        self._metrics.close()
-        self._alerts.close()
+        files, self._files = self._files, {}
+        for fh in files.values():
+            fh.close()
+
+
+def _truncate_torn_line(path: Path) -> None:
+    """Cut a partly written last line, so the file stays one JSON object per line."""
+    try:
+        with open(path, "rb+") as fh:
+            data = fh.read()
+            end = data.rfind(b"\n") + 1
+            if end < len(data):
+                fh.truncate(end)
+    except OSError:
+        pass

@@ -1,20 +1,25 @@
 """Prometheus export (namespace ``isiwatch``): an HTTP endpoint on 127.0.0.1 by default, a push gateway,
-or a node-exporter textfile. Export problems are logged; they never stop training."""
+or a node-exporter textfile. Pushes run on a background thread with a timeout; a failed push or textfile write
+is raised to the Watch, which reports it once and never lets it stop training (:mod:`isiwatch.watch.faults`)."""
 
 from __future__ import annotations
 
-import logging
 import math
+import queue
+import threading
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, push_to_gateway, start_http_server
 from prometheus_client import write_to_textfile as _write_textfile
+from prometheus_client.metrics_core import Metric
 
 from ..alerts import ALERT_KINDS, Alert
+from ..faults import warn
 from ..sample import Sample
 from .base import Exporter, SampleContext
 
-logger = logging.getLogger("isiwatch")
+#: Seconds a push to the gateway may take (it runs off the training thread either way).
+PUSH_TIMEOUT = 10.0
 
 #: Every metric name the exporter publishes (rules and dashboards may only query these).
 EXPORTED_NAMES = (
@@ -51,6 +56,7 @@ class PrometheusExporter(Exporter):
         self.run = run
         self.registry = registry if registry is not None else CollectorRegistry()
         self.pushgateway, self.textfile, self.job = pushgateway, textfile, job
+        self._pusher: _Pusher | None = None
         r, run_label = self.registry, ["run"]
         self.layer_metric = Gauge("isiwatch_layer_metric", "Per-layer diagnostic value",
                                   ["run", "layer", "metric"], registry=r)
@@ -95,8 +101,8 @@ class PrometheusExporter(Exporter):
             try:
                 self.server, _ = start_http_server(port, addr=host, registry=self.registry)
             except OSError as exc:
-                logger.warning("isiwatch: cannot serve Prometheus metrics on %s:%s (%s); HTTP export is off, "
-                               "training continues", host, port, exc.strerror or exc)
+                warn(f"cannot serve Prometheus metrics on {host}:{port} ({exc.strerror or exc}); HTTP export is "
+                     f"off, training continues")
 
     @property
     def port(self) -> int | None:
@@ -155,15 +161,20 @@ class PrometheusExporter(Exporter):
         self.alerts_total.labels(self.run, alert.kind).inc()
 
     def publish(self) -> None:
-        """Push to the gateway and/or rewrite the textfile, if configured."""
-        try:
-            if self.pushgateway:
-                push_to_gateway(self.pushgateway, job=self.job, registry=self.registry,
-                                grouping_key={"run": self.run})
-            if self.textfile:
-                _write_textfile(str(self.textfile), self.registry)
-        except OSError as exc:
-            logger.warning("isiwatch: Prometheus push/textfile export failed (%s); training continues", exc)
+        """Rewrite the textfile and hand this sample's values to the background pusher, if configured.
+
+        A push never blocks training: the values are snapshotted here and pushed by a thread, with a timeout of
+        :data:`PUSH_TIMEOUT` seconds; a push that failed is raised at the next call (so the Watch reports it, and
+        clears it once a push works again)."""
+        if self.textfile:
+            _write_textfile(str(self.textfile), self.registry)
+        if self.pushgateway:
+            if self._pusher is None:
+                self._pusher = _Pusher(self.pushgateway, self.job)
+            self._pusher.submit(_Snapshot(list(self.registry.collect())), {"run": self.run})
+            error = self._pusher.error
+            if error is not None:
+                raise error
 
     def close(self, context: SampleContext | None = None) -> None:
         """Stop the HTTP server, if any (the registry keeps the last values).
@@ -175,6 +186,58 @@ class PrometheusExporter(Exporter):
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+        if self._pusher is not None:
+            self._pusher.close()
+            self._pusher = None
+
+
+class _Snapshot:
+    """A registry's metrics as collected at one moment: what a background push sends, whatever the training
+    thread sets meanwhile."""
+
+    def __init__(self, metrics: list[Metric]):
+        self.metrics = metrics
+
+    def collect(self) -> list[Metric]:
+        return self.metrics
+
+
+class _Pusher:
+    """Pushes snapshots to a push gateway from a daemon thread, newest first: a snapshot still waiting when a
+    newer one arrives is replaced, so a slow or silent gateway costs the training loop nothing. ``error`` is
+    the last push's failure, None once a push works."""
+
+    def __init__(self, gateway: str, job: str):
+        self.gateway, self.job = gateway, job
+        self.error: Exception | None = None
+        self._pending: queue.Queue[tuple[_Snapshot, dict[str, str]] | None] = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(target=self._run, name="isiwatch-pushgateway", daemon=True)
+        self._thread.start()
+
+    def submit(self, snapshot: _Snapshot, grouping_key: dict[str, str]) -> None:
+        try:
+            self._pending.get_nowait()  # a newer snapshot replaces one not yet pushed
+        except queue.Empty:
+            pass
+        self._pending.put_nowait((snapshot, grouping_key))
+
+    def _run(self) -> None:
+        while (item := self._pending.get()) is not None:
+            snapshot, grouping_key = item
+            try:
+                push_to_gateway(self.gateway, job=self.job, registry=snapshot,
+                                grouping_key=grouping_key, timeout=PUSH_TIMEOUT)
+                self.error = None
+            except Exception as exc:  # any failure: refused, HTTP 500, not HTTP at all, a timeout
+                self.error = exc
+
+    def close(self) -> None:
+        """Push what is pending (waiting at most one push timeout), then stop the thread."""
+        try:
+            self._pending.put(None, timeout=PUSH_TIMEOUT)
+        except queue.Full:
+            return
+        self._thread.join(PUSH_TIMEOUT + 1)
 
 
 def _set(gauge: Gauge, value: float | None, *labels: str) -> None:

@@ -1,0 +1,113 @@
+"""Fault isolation: nothing that fails inside the Watch reaches the training loop it watches.
+
+Each part of a sample that can fail is a *source*: the probe pass with everything computed from it (metrics,
+probes, phases, depth, alert rules, the stopping rule) and each exporter. A source's first failure opens an
+episode, reported once: a ``monitor_error`` alert record (the ``isiwatch`` logger and every exporter get it;
+Prometheus counts it in ``isiwatch_alerts_total{kind="monitor_error"}``) and, when the application has set up no
+logging, one line on stderr, so a contained failure is never silent. Further failures of the same source are
+counted, not repeated; its next success closes the episode with a ``monitor_error_cleared`` record.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from .alerts import ALERT_KINDS, Alert, AlertEngine
+
+logger = logging.getLogger("isiwatch")
+
+KIND = "monitor_error"
+assert KIND in ALERT_KINDS
+
+
+def logging_configured(log: logging.Logger = logger) -> bool:
+    """Whether a record of ``log`` reaches a real handler (one that is not a ``NullHandler``), as it does once the
+    application calls ``logging.basicConfig`` or adds a handler anywhere up the logger's chain."""
+    current: logging.Logger | None = log
+    while current is not None:
+        if any(not isinstance(h, logging.NullHandler) for h in current.handlers):
+            return True
+        current = current.parent if current.propagate else None
+    return False
+
+
+def warn(message: str) -> None:
+    """A warning on the ``isiwatch`` logger that the user sees even without logging set up: then also one line on
+    stderr (the logger's own handler is a ``NullHandler``, so a library prints nothing unasked otherwise).
+
+    Args:
+        message: One line, without the ``isiwatch:`` prefix.
+    """
+    logger.warning("isiwatch: %s", message)
+    if not logging_configured():
+        print(f"isiwatch: warning: {message}", file=sys.stderr, flush=True)
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming the exception: its type and the first line of its message, at most 200 characters."""
+    text = str(exc).strip().splitlines()
+    line = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+class FaultLog:
+    """The open fault episodes of one Watch, by source, reported through its alert engine.
+
+    Args:
+        alerts: The Watch's alert engine: it dispatches the records and holds ``monitor_error`` among its open
+            kinds while any source is failing.
+    """
+
+    def __init__(self, alerts: AlertEngine):
+        self.alerts = alerts
+        #: The record that opened each failing source's episode.
+        self.failing: dict[str, Alert] = {}
+        #: Failures per source since its episode opened (the first included).
+        self.counts: dict[str, int] = {}
+
+    def failed(self, source: str, step: int, exc: BaseException | str) -> None:
+        """Record a failure of ``source`` at training step ``step``; report it if it opens an episode.
+
+        Args:
+            source: What failed (``"probe pass"``, ``"exporter TensorBoardExporter"``).
+            step: The training step of the sample.
+            exc: The exception, or a one-line reason.
+        """
+        self.counts[source] = self.counts.get(source, 0) + 1
+        if source in self.failing:
+            return
+        reason = exc if isinstance(exc, str) else describe(exc)
+        record = Alert(KIND, step, time.time(), self.alerts.run, ALERT_KINDS[KIND],
+                       f"{source} failed ({reason}); the sample's other parts and training continue",
+                       {"source": source, "error": reason})
+        self.failing[source] = record  # before dispatching: a sink that fails on this record reports nothing new
+        if KIND not in self.alerts.active:
+            self.alerts.active.add(KIND)
+            self.alerts.opened[KIND] = record
+        self.report(record)
+
+    def recovered(self, source: str, step: int) -> None:
+        """Close ``source``'s episode, if it has one, now that it worked at ``step``.
+
+        Args:
+            source: What works again.
+            step: The training step of the sample.
+        """
+        opened = self.failing.pop(source, None)
+        if opened is None:
+            return
+        count = self.counts.pop(source, 0)
+        if not self.failing:
+            self.alerts.active.discard(KIND)
+            self.alerts.opened.pop(KIND, None)
+        self.report(Alert(f"{KIND}_cleared", step, time.time(), self.alerts.run, "info",
+                          f"{source} works again after {count} failure{'s' * (count != 1)} since step {opened.step}",
+                          {"source": source, "failures": count}))
+
+    def report(self, record: Alert) -> None:
+        """Dispatch ``record`` to the Watch's sinks, and print it on stderr when no logging is set up."""
+        self.alerts.dispatch(record)
+        if not logging_configured():
+            print(f"isiwatch: [{record.kind}] step {record.step}: {record.message}", file=sys.stderr, flush=True)

@@ -1,0 +1,358 @@
+"""Fault isolation: whatever fails inside the Watch, training goes on with parameters bit-identical to an unwatched
+run, each failure is reported once (``monitor_error``) and cleared when it goes away, and the Watch disables itself
+after ``max_consecutive_failures`` failed samples in a row."""
+
+import http.server
+import json
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+import timm
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from prometheus_client import CollectorRegistry
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from isiwatch import Exporter, Watch
+from isiwatch.watch.config import ConfigError
+
+
+def tiny_vit(seed=0):
+    torch.manual_seed(seed)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7, in_chans=1,
+                             num_classes=10, embed_dim=16, depth=2, num_heads=2)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from isiwatch.io.data import embedded_digits
+
+    x, y = embedded_digits()
+    return x[:256], y[:256], x[4000:4032], y[4000:4032]
+
+
+def train(model, x, y, steps, watch=None, before_step=lambda step: None):
+    """Training whose batches (16 images) never have the probe batch's size (32), so a hook can tell them apart;
+    ``before_step(step)`` injects a fault from outside the Watch."""
+    torch.manual_seed(7)
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    model.train()
+    for step in range(1, steps + 1):
+        before_step(step)
+        idx = torch.randint(0, len(x), (16,))
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if watch is not None:
+            watch.step(step, loss)
+    return model.state_dict(), torch.get_rng_state()
+
+
+@pytest.fixture(scope="module")
+def unwatched(digits):
+    x, y, _, _ = digits
+    return train(tiny_vit(), x, y, 12)
+
+
+def assert_unperturbed(result, unwatched):
+    (state, rng), (ref_state, ref_rng) = result, unwatched
+    assert all(torch.equal(state[k], ref_state[k]) for k in ref_state)
+    assert torch.equal(rng, ref_rng)
+
+
+INJECTED = RuntimeError("probe pass failed (injected)")
+
+
+class ProbeFault:
+    """A forward hook that raises on the probe pass only (the batch of ``size`` images), ``times`` times."""
+
+    def __init__(self, model, size=32, times=None, error=INJECTED):
+        self.size, self.left, self.error, self.calls = size, times, error, 0
+        self.handle = model.blocks[1].register_forward_hook(self)
+
+    def __call__(self, module, inputs, output):
+        if inputs[0].shape[0] == self.size and (self.left is None or self.left > 0):
+            self.calls += 1
+            if self.left is not None:
+                self.left -= 1
+            raise self.error
+
+
+def kinds(records):
+    return [(r.kind, r.data.get("source")) for r in records]
+
+
+def test_a_probe_pass_that_always_fails_never_stops_training(digits, unwatched, capsys, monkeypatch):
+    x, y, px, py = digits
+    monkeypatch.setattr(logging.root, "handlers", [])  # as in a script that set up no logging (pytest's is gone)
+    model = tiny_vit()
+    fault = ProbeFault(model)
+    records = []
+    watch = Watch(model, px, py, every_n_steps=2, max_consecutive_failures=4, alert_callback=records.append)
+    result = train(model, x, y, 12, watch)
+    watch.close()
+    assert_unperturbed(result, unwatched)
+    assert fault.calls == 4 and watch.disabled and not watch.history  # disabled after 4 in a row: no 5th pass
+    assert kinds(records) == [("monitor_error", "probe pass"), ("monitor_error", "watch")]
+    assert records[0].step == 2 and "RuntimeError: probe pass failed (injected)" in records[0].message
+    assert records[1].severity == "critical" and "disabled itself after 4" in records[1].message
+    err = capsys.readouterr().err  # no logging set up: one line per record on stderr, not a traceback
+    assert err.count("isiwatch: [monitor_error]") == 2 and "Traceback" not in err
+
+
+def test_a_probe_pass_that_fails_twice_is_reported_once_and_cleared(digits, unwatched, tmp_path):
+    x, y, px, py = digits
+    model = tiny_vit()
+    ProbeFault(model, times=2)
+    watch = Watch(model, px, py, every_n_steps=2, log_dir=tmp_path, registry=CollectorRegistry())
+    result = train(model, x, y, 12, watch)
+    watch.close()
+    assert_unperturbed(result, unwatched)
+    assert [s.step for s in watch.history] == [6, 8, 10, 12] and not watch.disabled
+    alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    faults = [(a["kind"], a["step"]) for a in alerts if a["kind"].startswith("monitor_error")]
+    assert faults == [("monitor_error", 2), ("monitor_error_cleared", 6)]
+    assert "after 2 failures since step 2" in next(a["message"] for a in alerts if a["kind"].endswith("cleared"))
+    counted = watch.prometheus.registry.get_sample_value(
+        "isiwatch_alerts_total", {"run": watch.run, "kind": "monitor_error"})
+    assert counted == 1
+    assert "monitor_error" not in watch.alerts.active
+
+
+def test_out_of_memory_is_retried_once_in_smaller_chunks(digits):
+    x, y, px, py = digits
+    model = tiny_vit()
+    fault = ProbeFault(model, error=torch.OutOfMemoryError("CUDA out of memory (simulated)"))
+    records = []
+    watch = Watch(model, px, py, every_n_steps=2, probe_batch_size=32, alert_callback=records.append)
+    train(model, x, y, 4, watch)  # the hook raises for chunks of 32; the retry runs chunks of 8
+    watch.close()
+    assert fault.calls == 2 and [s.step for s in watch.history] == [2, 4]
+    assert not [r for r in records if r.kind.startswith("monitor_error")]
+
+
+def test_strict_re_raises(digits):
+    x, y, px, py = digits
+    model = tiny_vit()
+    ProbeFault(model)
+    watch = Watch(model, px, py, every_n_steps=2, strict=True)
+    with pytest.raises(RuntimeError, match="injected"):
+        train(model, x, y, 2, watch)
+
+
+class FlakyExporter(Exporter):
+    """Fails its first ``failures`` samples with a full disk, then works."""
+
+    def __init__(self, failures):
+        self.failures, self.samples = failures, []
+
+    def write_sample(self, sample, context):
+        if self.failures:
+            self.failures -= 1
+            raise OSError(28, "No space left on device")
+        self.samples.append(sample.step)
+
+
+def test_a_failing_exporter_is_skipped_reported_once_and_recovers(digits, unwatched, caplog):
+    x, y, px, py = digits
+    model = tiny_vit()
+    flaky, healthy = FlakyExporter(3), FlakyExporter(0)
+    records = []
+    with caplog.at_level(logging.INFO, logger="isiwatch"):
+        watch = Watch(model, px, py, every_n_steps=2, exporters=[flaky, healthy], alert_callback=records.append)
+        result = train(model, x, y, 12, watch)
+        watch.close()
+    assert_unperturbed(result, unwatched)
+    assert healthy.samples == [2, 4, 6, 8, 10, 12] and flaky.samples == [8, 10, 12]
+    # two exporters of one class are told apart by their place in watch.exporters
+    faults = [r for r in records if r.kind.startswith("monitor_error")]
+    assert kinds(faults) == [("monitor_error", "exporter FlakyExporter[0]"),
+                             ("monitor_error_cleared", "exporter FlakyExporter[0]")]
+    assert "No space left on device" in faults[0].message
+    assert sum("monitor_error" in r.getMessage() for r in caplog.records) == 2  # the user's logging gets both
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 320 KiB tmpfs (the tests run as root, as CI does)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=320k", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+# TensorBoard's writer thread dies on the full disk (its own traceback, through threading.excepthook); the exporter
+# replaces the writer, as the test checks
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_full_disk_under_log_dir_does_not_stop_training_and_export_recovers(digits, unwatched, small_disk):
+    x, y, px, py = digits
+    model = tiny_vit()
+    ballast = small_disk / "ballast"
+    records = []
+    watch = Watch(model, px, py, every_n_steps=1, log_dir=small_disk / "run", heatmap_every=1000,
+                  alert_callback=records.append)
+
+    def disk(step):
+        if step == 3:  # fill the disk
+            with open(ballast, "wb", buffering=0) as fh:
+                try:
+                    while True:
+                        fh.write(b"\0" * 4096)
+                except OSError:
+                    pass
+        if step == 8:
+            ballast.unlink()  # free it
+
+    result = train(model, x, y, 12, watch, disk)
+    watch.close()
+    assert_unperturbed(result, unwatched)
+    faults = [(r.kind, r.data["source"], r.step) for r in records if r.kind.startswith("monitor_error")]
+    for source in ("exporter JsonlExporter", "exporter TensorBoardExporter"):
+        episode = [(kind, step) for kind, s, step in faults if s == source]
+        # opened when the disk filled; a write that squeezes into a freed page may close and reopen it while
+        # the disk stays full; closed for good once the disk has room
+        assert episode[0] == ("monitor_error", 3) and episode[-1][0] == "monitor_error_cleared"
+        assert 8 <= episode[-1][1] <= 9
+    lines = (small_disk / "run" / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines]  # every line whole: no torn record
+    assert steps[:2] == [1, 2] and steps[-4:] == [9, 10, 11, 12]
+    events = EventAccumulator(str(small_disk / "run"))
+    events.Reload()
+    assert 12 in [e.step for e in events.Scalars("isiwatch/isi/layer_00")]
+
+
+class Gateway(http.server.BaseHTTPRequestHandler):
+    """A push gateway that answers 500 until ``healthy`` is set."""
+
+    healthy = False
+    pushes: list = []
+
+    def do_PUT(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.pushes.append(self.healthy)
+        self.send_response(200 if self.healthy else 500)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_push_gateway_answering_500_is_reported_once_and_recovers(digits, unwatched):
+    x, y, px, py = digits
+    Gateway.healthy, Gateway.pushes = False, []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    model = tiny_vit()
+    records = []
+    watch = Watch(model, px, py, every_n_steps=2, pushgateway=f"127.0.0.1:{server.server_port}",
+                  alert_callback=records.append)
+
+    def gateway(step):
+        time.sleep(0.05)  # as long as a real step, so a push can finish between samples
+        if step == 7:
+            time.sleep(0.5)  # let the failed pushes land, then heal the gateway
+            Gateway.healthy = True
+
+    try:
+        result = train(model, x, y, 12, watch, gateway)
+        watch.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert_unperturbed(result, unwatched)
+    faults = kinds(r for r in records if r.kind.startswith("monitor_error"))
+    assert faults == [("monitor_error", "exporter PrometheusExporter"),
+                      ("monitor_error_cleared", "exporter PrometheusExporter")]
+    assert False in Gateway.pushes and Gateway.pushes[-1] is True
+
+
+def test_a_gateway_that_never_answers_does_not_block_the_training_step(digits):
+    x, y, px, py = digits
+    with socket.socket() as silent:  # accepts connections (backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        watch = Watch(tiny_vit(), px, py, every_n_steps=1, pushgateway=f"127.0.0.1:{silent.getsockname()[1]}")
+        start = time.perf_counter()
+        for step in range(1, 5):
+            watch.step(step, 1.0)
+        stepping = time.perf_counter() - start
+        watch.exporters.clear()  # closing would wait for the pending push's timeout
+    assert stepping < 8, f"4 samples took {stepping:.1f} s: a push blocked the training step"
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "ftp://host:9091", "127.0.0.1:0", "http://:9091"])
+def test_a_malformed_gateway_url_is_refused_at_construction(digits, url):
+    _, _, px, py = digits
+    with pytest.raises(ConfigError, match="pushgateway"):
+        Watch(tiny_vit(), px, py, pushgateway=url)
+
+
+# -- torch.distributed: a failure on rank 1 only -------------------------------------------------------------
+WORLD = 2
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ddp_run(rank, x, y, px, py, watched):
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(tiny_vit())
+    watch = None
+    if watched:
+        if rank == 1:
+            ProbeFault(model.module, times=1)  # rank 1's first probe pass fails; rank 0's works
+        stop = {"monitor": "loss", "warmup": 1, "stopping_threshold": -1.0} if rank == 0 else {}
+        watch = Watch(model, px, py, every_n_steps=2, **stop)
+    train(model, x, y, 10, watch)
+    result = {"state": {k: v.clone() for k, v in model.module.state_dict().items()}}
+    if watch is not None:
+        watch.close()
+        result["samples"] = [s.step for s in watch.history]
+        result["faults"] = watch.faults.counts
+    return result
+
+
+def ddp_worker(rank, port, out):
+    from isiwatch.io.data import embedded_digits
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    x, y = embedded_digits()
+    args = (x[:256], y[:256], x[4000:4032], y[4000:4032])
+    plain, watched = ddp_run(rank, *args, watched=False), ddp_run(rank, *args, watched=True)
+    dist.destroy_process_group()
+    same = all(torch.equal(plain["state"][k], watched["state"][k]) for k in plain["state"])
+    with open(f"{out}/rank{rank}.json", "w") as fh:
+        json.dump({"same": same, "samples": watched["samples"]}, fh)
+
+
+def test_a_failure_on_one_rank_makes_every_rank_skip_that_sample(tmp_path):
+    mp.spawn(ddp_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    assert all(r["same"] for r in ranks)  # both ranks trained exactly as without the Watch
+    assert ranks[0]["samples"] == ranks[1]["samples"] == [4, 6, 8, 10]  # step 2 skipped on both
+
+
+def test_a_port_in_use_is_visible_without_logging_set_up(digits, capsys, monkeypatch):
+    _, _, px, py = digits
+    monkeypatch.setattr(logging.root, "handlers", [])  # as in a script that set up no logging
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        watch = Watch(tiny_vit(), px, py, prometheus_port=busy.getsockname()[1], registry=CollectorRegistry())
+    watch.close(final_sample=False)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("isiwatch: warning: cannot serve Prometheus metrics on 127.0.0.1")
