@@ -102,3 +102,22 @@ def test_heal_trains_only_the_late_blocks_and_lowers_the_loss(vit, digits):
     assert all(not torch.equal(after[k], before[k]) for k in late if k.endswith("weight"))
     assert loss() < start
     assert not model.training and all(p.requires_grad for p in model.parameters())
+
+
+def test_checkpoint_and_image_errors_name_python_parameters_and_cli_flags(tmp_path):
+    """The same refusal names ``num_heads=N`` for a Python caller and ``--num-heads N`` on the command line."""
+    from click.testing import CliRunner
+
+    from isiwatch.cli.commands import main
+    from isiwatch.io.checkpoint import load_checkpoint, save_checkpoint
+    from isiwatch.io.model_images import resolve_normalization
+
+    model, kwargs = make_digits_vit(2)
+    path = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", kwargs, model.state_dict())
+    with pytest.raises(ValueError, match=r"m\.pt: num_heads 5 does not divide the embed_dim 64") as exc:
+        load_checkpoint(path, num_heads=5)
+    assert "--" not in str(exc.value)
+    with pytest.raises(ValueError, match="^mean and std go together"):
+        resolve_normalization(model, "mnist", mean=(0.5,))
+    result = CliRunner().invoke(main, ["analyze", str(path), "--num-heads", "5"])
+    assert result.exit_code == 1 and "--num-heads 5 does not divide the embed_dim 64" in result.output

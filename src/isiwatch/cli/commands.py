@@ -63,12 +63,14 @@ class _Cli(click.Group):
         except Exception as exc:
             if os.environ.get("ISIWATCH_DEBUG"):
                 raise
+            from .._utils.option_error import OptionError
             from ..io.checkpoint import CheckpointError
             from ..io.data import DataError
             from ..taps import TapError
 
             known = (CheckpointError, DataError, TapError, FileNotFoundError, ValueError, OSError)
-            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            text = exc.worded({}) if isinstance(exc, OptionError) else str(exc)  # options as flags: --num-heads N
+            message = text.splitlines()[0] if text else type(exc).__name__
             if not isinstance(exc, known):
                 message = f"internal error ({type(exc).__name__}): {message}"
             raise click.ClickException(message) from None
@@ -330,7 +332,7 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
              std: tuple[float, ...] | None, device: str) -> None:
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
     fine-tuning its late blocks."""
-    from ..truncation.errors import OptionError
+    from .._utils.option_error import OptionError
     from ..truncation.truncate import candidates_table, report_table, truncate
 
     ctx = click.get_current_context()

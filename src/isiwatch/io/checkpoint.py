@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from .._utils.files import atomic_write
+from .._utils.option_error import OptionError
 
 #: timm model used as the template when a checkpoint names no architecture.
 BASE_ARCH = "vit_tiny_patch16_224"
@@ -38,6 +39,11 @@ _FIRST_BLOCK_WEIGHTS = (_QKV, "blocks.0.in_proj.weight", "blocks.0.attns.0.attn.
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be read or is not a ViT; the message names the file and the problem."""
+
+
+class CheckpointOptionError(OptionError, CheckpointError):
+    """A checkpoint that contradicts an option (``arch``, ``num_heads``), named as the caller knows it: a Python
+    parameter (``arch=NAME``), or a flag (``--arch NAME``) from the command line."""
 
 
 @dataclass
@@ -417,11 +423,12 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
     dim = inferred["embed_dim"]
     if num_heads is not None:
         if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1 or dim % num_heads:
-            raise CheckpointError(f"{path}: --num-heads {num_heads} does not divide the embed_dim {dim} of its "
-                                  "tensors")
+            raise CheckpointOptionError("{path}: {num_heads} {heads} does not divide the embed_dim {dim} of its "
+                                        "tensors", path=path, heads=num_heads, dim=dim)
         if recorded.get("num_heads") not in (None, num_heads):
-            raise CheckpointError(f"{path}: --num-heads {num_heads} contradicts the checkpoint, which records "
-                                  f"num_heads {recorded['num_heads']}")
+            raise CheckpointOptionError("{path}: {num_heads} {heads} contradicts the checkpoint, which records "
+                                        "num_heads {recorded}", path=path, heads=num_heads,
+                                        recorded=recorded["num_heads"])
     actual = {key: inferred[key] for key in _ARCH_KEYS[:3]}
     # the head count as the checkpoint itself says it: recorded, given, or the recorded arch's (at this width)
     given = num_heads or recorded.get("num_heads")
@@ -433,16 +440,17 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
     if arch and arch != recorded_arch:
         default = arch_config(arch)
         if default is None:
-            raise CheckpointError(f"{path}: --arch {_default_config(arch)}")
+            raise CheckpointOptionError("{path}: {arch} {problem}", path=path, problem=_default_config(arch))
         claim = _described(default, {**recorded, "num_heads": given})
         diff = _mismatch(default, recorded_default) if recorded_default is not None else None
         if diff:  # another family than the one recorded (equal defaults, e.g. vit_/deit_ aliases, are fine)
-            raise CheckpointError(f"{path}: --arch {arch!r} ({diff[0]}) contradicts the checkpoint's recorded arch "
-                                  f"{recorded_arch!r} ({diff[1]})")
+            raise CheckpointOptionError("{path}: {arch} {name!r} ({ours}) contradicts the checkpoint's recorded arch "
+                                        "{recorded!r} ({theirs})", path=path, name=arch, ours=diff[0],
+                                        recorded=recorded_arch, theirs=diff[1])
         diff = _mismatch(claim, {**actual, "num_heads": heads})
         if diff:
-            raise CheckpointError(f"{path}: --arch {arch!r} ({diff[0]}) contradicts the checkpoint's tensors "
-                                  f"({diff[1]})")
+            raise CheckpointOptionError("{path}: {arch} {name!r} ({ours}) contradicts the checkpoint's tensors "
+                                        "({theirs})", path=path, name=arch, ours=diff[0], theirs=diff[1])
         heads = claim["num_heads"]
     elif heads is None and not (recorded_arch and recorded_config is None):  # else build() names the bad arch
         if recorded_config is not None:
@@ -450,8 +458,9 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
                       f"have embed_dim {dim}, and no num_heads")
         else:
             reason = "records no architecture and no num_heads"
-        raise CheckpointError(f"{path}: the checkpoint {reason}, and the head count is not in the tensors; pass "
-                              "--arch NAME (a timm name whose default config has it) or --num-heads N")
+        raise CheckpointOptionError("{path}: the checkpoint {reason}, and the head count is not in the tensors; "
+                                    "pass {arch:NAME} (a timm name whose default config has it) or {num_heads:N}",
+                                    path=path, reason=reason)
     chosen_arch = named or (BASE_DISTILLED_ARCH if "dist_token" in state else BASE_ARCH)
     kwargs = {**inferred, **recorded}
     if heads is not None:

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._utils.option_error import OptionError
+
 #: MNIST pixel statistics, used to normalise the embedded digits.
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 #: The demo trains on the first DIGITS_TRAIN shuffled digits and holds out the rest.
@@ -20,6 +22,11 @@ DIGITS_TRAIN = 4000
 
 class DataError(ValueError):
     """Images could not be loaded; the message names the source and the problem."""
+
+
+class DataOptionError(OptionError, DataError):
+    """An image option (``mean``, ``std``, ``images``) that cannot be used, named as the caller knows it: a Python
+    parameter, or a flag from the command line."""
 
 
 #: Resize interpolations an ImageFolder may be read with (timm ``train.py``'s ``--interpolation`` names).
@@ -47,12 +54,13 @@ MNIST_NORMALIZATION = Normalization((MNIST_MEAN,), (MNIST_STD,), "mnist")
 
 def per_channel(values: Iterable[float], in_chans: int, name: str) -> tuple[float, ...]:
     """``values`` for each of ``in_chans`` channels: one value is repeated (as timm does), else the counts
-    must agree."""
+    must agree; ``name`` is the option that gave them (``"mean"``, ``"std"``)."""
     values = tuple(float(v) for v in values)
     if len(values) == 1:
         return values * in_chans
     if len(values) != in_chans:
-        raise DataError(f"{name} has {len(values)} values but the model takes {in_chans} input channels")
+        raise DataOptionError("{" + name + "} has {count} values but the model takes {chans} input channels",
+                              count=len(values), chans=in_chans)
     return values
 
 
@@ -62,8 +70,8 @@ def renormalize(images: Tensor, norm: Normalization) -> Tensor:
     if norm.source == "mnist":
         return images
     chans = images.shape[1]
-    mean = torch.tensor(per_channel(norm.mean, chans, "--mean")).view(1, -1, 1, 1)
-    std = torch.tensor(per_channel(norm.std, chans, "--std")).view(1, -1, 1, 1)
+    mean = torch.tensor(per_channel(norm.mean, chans, "mean")).view(1, -1, 1, 1)
+    std = torch.tensor(per_channel(norm.std, chans, "std")).view(1, -1, 1, 1)
     return (images * MNIST_STD + MNIST_MEAN - mean) / std
 
 
@@ -85,7 +93,7 @@ def held_out_digits(count: int | None = None) -> tuple[Tensor, Tensor]:
     images, labels = images.flip(0), labels.flip(0)
     count = len(images) if count is None else count
     if count < 1:
-        raise DataError(f"--images must be at least 1, got {count}")
+        raise DataOptionError("{images} must be at least 1, got {count}", count=count)
     return images[:count], labels[:count]
 
 

@@ -11,6 +11,7 @@ from .data import (
     INTERPOLATIONS,
     MNIST_NORMALIZATION,
     DataError,
+    DataOptionError,
     Normalization,
     fit_to_model,
     held_out_digits,
@@ -49,9 +50,9 @@ def resolve_normalization(model: nn.Module, data: str, data_config: dict[str, An
     config = data_config or {}
     interpolation = config["interpolation"] if config.get("interpolation") in INTERPOLATIONS else "bilinear"
     if (mean is None) != (std is None):
-        raise DataError("--mean and --std go together: give both or neither")
+        raise DataOptionError("{mean} and {std} go together: give both or neither")
     if mean is not None and std is not None:  # both or neither, checked above
-        return Normalization(per_channel(mean, in_chans, "--mean"), per_channel(std, in_chans, "--std"),
+        return Normalization(per_channel(mean, in_chans, "mean"), per_channel(std, in_chans, "std"),
                              "--mean/--std", interpolation)
     if data == "mnist":
         return MNIST_NORMALIZATION

@@ -14,6 +14,7 @@ import timm
 import torch
 from torch import nn
 
+from .._utils.option_error import OptionError
 from ..specialization.convert import (
     EXACTNESS_TOLERANCE,
     SPECIALIZE_KEY,
@@ -92,7 +93,8 @@ def specialize_checkpoint(
     """
     checkpoint, out = Path(checkpoint), Path(out)
     if out.resolve() == checkpoint.resolve():
-        raise ValueError(f"{out}: --out must differ from the input checkpoint (inputs are never modified)")
+        raise OptionError("{target}: {out} must differ from the input checkpoint (inputs are never modified)",
+                          target=out)
     ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema, num_heads=num_heads)
     original = build_model(ckpt)
     model = build_model(ckpt)

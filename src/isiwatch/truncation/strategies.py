@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from .errors import OptionError
+from .._utils.option_error import OptionError
 
 if TYPE_CHECKING:
     from ..measure.boundary_distances import BoundaryDistances

@@ -7,12 +7,12 @@ import copy
 
 from torch import Tensor, nn
 
+from .._utils.option_error import OptionError
 from ..measure.analysis import DEFAULT_PHASE_METRIC, Analysis, analyze
 from ..measure.boundary_distances import boundary_distances
 from ..measure.phases import Phases
 from ..taps import vit_parts
 from .classifier_layout import block_list, block_path, with_blocks
-from .errors import OptionError
 from .strategies import DEFAULT_STRATEGY, CutInputs, choose_blocks, get_strategy
 
 __all__ = ["cut", "cut_vit", "measure_inputs"]

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from .._utils.files import write_json
+from .._utils.option_error import OptionError
 from ..io.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ..io.data import DIGITS_TRAIN, DataError, Normalization, embedded_digits, fit_to_model, renormalize
 from ..io.model_images import model_input, probe_images, resolve_normalization
@@ -35,7 +36,6 @@ from ..measure.phases import Phases
 from ..taps import vit_parts
 from .classifier_layout import block_list, num_classes
 from .cost import count_parameters, forward_flops, measure_latency
-from .errors import OptionError
 from .healing import accuracy, default_train_last, heal, predict
 from .strategies import (
     DEFAULT_BUDGET,
@@ -193,7 +193,7 @@ class TruncateRequest:
 
     Fields are :func:`truncate`'s parameters (``checkpoint``: its ``checkpoint_or_model``). ``strategy`` None
     becomes ``auto`` without ``keep`` and :data:`DEFAULT_STRATEGY` with it; an impossible combination raises
-    ``ValueError`` (an :class:`~isiwatch.truncation.errors.OptionError` naming the parameters) in one line.
+    ``ValueError`` (an :class:`~isiwatch._utils.option_error.OptionError` naming the parameters) in one line.
     """
 
     checkpoint: Path | nn.Module

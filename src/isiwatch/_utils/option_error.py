@@ -1,5 +1,5 @@
-"""Refusals of a truncation option, worded for whoever asked: Python parameters for a caller (``keep=K``), flags
-for the command line (``--keep K``)."""
+"""Refusals of an option, worded for whoever asked: Python parameters for a caller (``keep=K``), flags for the
+command line (``--keep K``)."""
 
 from __future__ import annotations
 
