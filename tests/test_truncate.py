@@ -18,6 +18,7 @@ from PIL import Image
 from isiwatch.cli.commands import main
 from isiwatch.io.checkpoint import load_checkpoint, read_raw
 from isiwatch.io.models import build_model
+from isiwatch.measure.analysis import analyze
 from isiwatch.measure.boundary_distances import BoundaryDistances, angular_distance, block_influence, boundary_distances
 from isiwatch.measure.phases import Phases
 from isiwatch.truncation.cost import count_flops, forward_flops, measure_latency
@@ -226,6 +227,8 @@ def test_bi_and_angular_match_the_papers_definitions_on_a_real_vit(vit):
     bi = [float(1 - cos(i, i + 1).mean()) for i in range(depth)]
     dist = boundary_distances(vit, x, batch_size=4)
     assert block_influence(dist).tolist() == pytest.approx(bi, rel=1e-4, abs=1e-6)
+    # the Watch's per-block metric (computed in the probe pass, without the boundary matrix) is the same number
+    assert analyze(vit, x, batch_size=4).layers["block_influence"] == pytest.approx(bi, rel=1e-4, abs=1e-6)
     for n in (1, 3, 5):
         angular = [float((torch.arccos(cos(i, i + n).clamp(-1, 1)) / math.pi).mean()) for i in range(depth - n + 1)]
         assert angular_distance(dist, n).tolist() == pytest.approx(angular, rel=1e-4, abs=1e-5), n
