@@ -356,3 +356,19 @@ def test_a_port_in_use_is_visible_without_logging_set_up(digits, capsys, monkeyp
     watch.close(final_sample=False)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("isiwatch: warning: cannot serve Prometheus metrics on 127.0.0.1")
+
+
+def test_a_closed_stderr_does_not_turn_a_report_into_an_exception(digits, monkeypatch):
+    import io
+
+    x, y, px, py = digits
+    monkeypatch.setattr(logging.root, "handlers", [])
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr("sys.stderr", closed)  # e.g. a daemonised job whose terminal went away
+    model = tiny_vit()
+    ProbeFault(model)
+    watch = Watch(model, px, py, every_n_steps=2)
+    train(model, x, y, 4, watch)
+    watch.close()
+    assert watch.faults.counts == {"probe pass": 2}  # the samples of steps 2 and 4 failed, training went on

@@ -33,6 +33,16 @@ def logging_configured(log: logging.Logger = logger) -> bool:
     return False
 
 
+def _to_stderr(line: str) -> None:
+    """Print ``line`` on stderr when no logging is set up; a closed or missing stderr loses the line, never raises."""
+    if logging_configured() or sys.stderr is None:
+        return
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def warn(message: str) -> None:
     """A warning on the ``isiwatch`` logger that the user sees even without logging set up: then also one line on
     stderr (the logger's own handler is a ``NullHandler``, so a library prints nothing unasked otherwise).
@@ -41,8 +51,7 @@ def warn(message: str) -> None:
         message: One line, without the ``isiwatch:`` prefix.
     """
     logger.warning("isiwatch: %s", message)
-    if not logging_configured():
-        print(f"isiwatch: warning: {message}", file=sys.stderr, flush=True)
+    _to_stderr(f"isiwatch: warning: {message}")
 
 
 def describe(exc: BaseException) -> str:
@@ -109,5 +118,4 @@ class FaultLog:
     def report(self, record: Alert) -> None:
         """Dispatch ``record`` to the Watch's sinks, and print it on stderr when no logging is set up."""
         self.alerts.dispatch(record)
-        if not logging_configured():
-            print(f"isiwatch: [{record.kind}] step {record.step}: {record.message}", file=sys.stderr, flush=True)
+        _to_stderr(f"isiwatch: [{record.kind}] step {record.step}: {record.message}")

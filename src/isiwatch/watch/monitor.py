@@ -102,14 +102,13 @@ class Watch:
       prometheus_client ``CollectorRegistry``; a private one by default), ``prometheus_port`` (HTTP on
       ``prometheus_host``, 127.0.0.1 by default), ``pushgateway``, ``textfile``, ``run_name``; ``exporters``:
       more :class:`~isiwatch.watch.exporters.Exporter` instances (MLflow, W&B or your own), called after the
-      built-in ones (kept in :attr:`exporters`).
+      built-in ones (kept in :attr:`exporters`);
+    - faults: ``max_consecutive_failures`` (failed samples in a row after which the Watch disables itself),
+      ``strict`` (re-raise instead, for tests and debugging).
 
     The options, the probe batch (shape, labels, channels against the model's patch embedding) and the names
     in ``monitor`` and ``phase_metric`` (against :attr:`series_names`, the series this model's samples hold)
     are checked here, without a forward pass: a ``ValueError`` now, not at the first sample mid-training.
-
-    - faults: ``max_consecutive_failures`` (failed samples in a row after which the Watch disables itself),
-      ``strict`` (re-raise instead, for tests and debugging).
 
     A failure inside the Watch never stops training (:mod:`isiwatch.watch.faults`): a probe pass that raises
     (an out-of-memory error is retried once in chunks a quarter the size) skips that sample, an exporter that
@@ -283,7 +282,7 @@ class Watch:
             failure = exc
         # every rank takes part in the same collectives in the same order, whatever failed where
         if self._any_rank(failure is not None):
-            return self._skip(global_step, failure or "the probe pass failed on another rank")
+            return self._skip(global_step, failure or "it failed on another rank")
         self._failed_in_a_row = 0
         self.faults.recovered("probe pass", global_step)
         self.history.append(sample)

@@ -26,6 +26,17 @@ def present_series(sample: Sample) -> dict[str, float]:
     return {name: v for name, v in sample.series().items() if math.isfinite(v) or not name.startswith("plateau/")}
 
 
+def episode_value(alert: Alert) -> tuple[str, float]:
+    """An alert record as a point of its kind's episode series: 1 when it opens (and at ``early_stop``), 0 when
+    its ``*_cleared`` record closes it.
+
+    Args:
+        alert: The record.
+    """
+    cleared = alert.kind.endswith("_cleared")
+    return alert.kind.removesuffix("_cleared"), 0.0 if cleared else 1.0
+
+
 @dataclass(frozen=True)
 class SampleContext:
     """The Watch's state that goes with a sample (and with the close), so that no exporter needs the Watch.

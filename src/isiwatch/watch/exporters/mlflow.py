@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..alerts import Alert
 from ..sample import Sample
-from .base import Exporter, SampleContext, present_series
+from .base import Exporter, SampleContext, episode_value, present_series
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -74,8 +74,7 @@ class MlflowExporter(Exporter):
         from mlflow.entities import Metric, RunTag
 
         run_id = self._start(alert.run)
-        kind = alert.kind.removesuffix("_cleared")
-        value = 0.0 if alert.kind.endswith("_cleared") else 1.0
+        kind, value = episode_value(alert)
         self.client.log_batch(run_id, metrics=[Metric(f"{self.prefix}alerts/{kind}", value, int(alert.time * 1000),
                                                       alert.step)],
                               tags=[RunTag(f"isiwatch.alert.{kind}", f"step {alert.step}: {alert.message}")])

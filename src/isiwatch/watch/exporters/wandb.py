@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..alerts import Alert
 from ..sample import Sample
-from .base import Exporter, SampleContext, present_series
+from .base import Exporter, SampleContext, episode_value, present_series
 
 if TYPE_CHECKING:
     from wandb import Run
@@ -52,8 +52,7 @@ class WandbExporter(Exporter):
         self._start(context.run).log({self.prefix + name: value for name, value in series.items()}, step=sample.step)
 
     def write_alert(self, alert: Alert) -> None:
-        kind = alert.kind.removesuffix("_cleared")
-        value = 0 if alert.kind.endswith("_cleared") else 1
+        kind, value = episode_value(alert)
         self._start(alert.run).log({f"{self.prefix}alerts/{kind}": value}, step=alert.step)
 
     def rename(self, run: str) -> None:
