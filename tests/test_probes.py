@@ -1,3 +1,4 @@
+import json
 import sys
 from pathlib import Path
 
@@ -143,3 +144,53 @@ def test_a_constant_feature_set_predicts_the_majority_class_and_leaves_the_other
     majority = torch.bincount(labels[train]).argmax()
     assert acc[1].item() == pytest.approx((labels[test] == majority).float().mean().item())
     assert acc[0].item() == acc[2].item() > 0.9
+
+
+def test_the_probe_split_is_a_function_of_the_images_not_their_order():
+    from isiwatch.measure.probes import split_images
+
+    images = torch.randn(50, 1, 6, 6, generator=torch.Generator().manual_seed(0))
+    train, test = split_images(images, 0.7, seed=0)
+    assert len(train) == 35 and set(train.tolist()).isdisjoint(test.tolist())
+    order = torch.randperm(50, generator=torch.Generator().manual_seed(1))
+    shuffled_train, shuffled_test = split_images(images[order], 0.7, seed=0)
+    assert torch.equal(images[order][shuffled_train], images[train])  # the same images, in the same order
+    assert torch.equal(images[order][shuffled_test], images[test])
+    assert not torch.equal(split_images(images, 0.7, seed=1)[0], train)
+
+
+def test_one_set_of_numbers_from_the_watch_the_demo_analyze_and_the_report(tmp_path):
+    """The demo analyses its held-out digits in their stored order, `isiwatch analyze --data mnist` reads the same
+    digits last-first, the Watch samples them in chunks of probe_batch_size: one model, one set of numbers."""
+    from click.testing import CliRunner
+    from test_watch import tiny_vit
+
+    from isiwatch import Watch, analyze
+    from isiwatch.cli.commands import main
+    from isiwatch.cli.report import read_run
+    from isiwatch.io.checkpoint import save_checkpoint
+    from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
+
+    x, y = embedded_digits()
+    held_x, held_y = x[DIGITS_TRAIN:], y[DIGITS_TRAIN:]  # what run_demo analyses
+    model = tiny_vit()
+    demo = analyze(model, held_x, held_y, batch_size=len(held_x))
+    assert demo.layers["probe_cls"] and demo.stem["embed"]["probe_cls"] == demo.stem["embed"]["probe_cls"]
+    with Watch(model, held_x, held_y, every_n_steps=1, log_dir=tmp_path / "run",
+               config={"probe_batch_size": len(held_x)}) as watch:
+        watch.step(1)
+    kwargs = {"img_size": 28, "patch_size": 7, "in_chans": 1, "num_classes": 10, "embed_dim": 32, "depth": 4,
+              "num_heads": 2}
+    ckpt = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", kwargs, model.state_dict())
+    result = CliRunner().invoke(main, ["analyze", str(ckpt), "--out", str(tmp_path / "a"), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    cli = json.loads((tmp_path / "a" / "analysis.json").read_text())
+    assert cli["model"]["images"] == len(held_x)
+    reported = read_run(tmp_path / "run").samples[-1]["layers"]
+    for metric, values in demo.layers.items():
+        cli_values = [row[metric] for row in cli["layers"]]
+        for other in (watch.history[-1].layers[metric], cli_values, reported[metric]):
+            np.testing.assert_allclose(other, values, rtol=1e-5, atol=1e-6, err_msg=metric)
+    for point, values in demo.stem.items():
+        for metric, value in values.items():
+            np.testing.assert_allclose(cli["stem"][point][metric], value, rtol=1e-5, atol=1e-6, err_msg=metric)

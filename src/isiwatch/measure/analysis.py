@@ -15,7 +15,7 @@ from ..taps import BlockTensors, Tap, ViTParts, unwrap_model, vit_parts
 from .metric_table import METRIC_TABLE
 from .metrics import BLOCK_METRICS, CLS_METRICS, block_metrics, isi, token_similarity
 from .phases import Phases, detect_phases
-from .probes import probe_accuracy, split_indices
+from .probes import probe_accuracy, split_images
 from .recon import DEFAULT_RECON_COMPONENTS, isi_recon
 
 #: Every per-layer metric name, in report order (the rows of :data:`~.metric_table.METRIC_TABLE`).
@@ -139,10 +139,10 @@ class _Collector:
         self.embeddings: Tensor | None = None
         self.chunk_split: tuple[Tensor, Tensor] | None = None
 
-    def start_chunk(self, offset: int, size: int) -> None:
-        self.offset, self.chunk = offset, size
+    def start_chunk(self, offset: int, images: Tensor) -> None:
+        self.offset, self.chunk = offset, len(images)
         if self.recon_k:
-            self.chunk_split = split_indices(size, seed=self.seed)
+            self.chunk_split = split_images(images, seed=self.seed)
 
     def _store(self, row: int, tokens: Tensor, prefix: int, has_cls: bool) -> None:
         if not self.probe_features:
@@ -217,8 +217,8 @@ def analyze(
             split are per chunk).
         with_isi_recon: Also compute the opt-in ``isi_recon`` metric.
         recon_components: Principal components of the patch embeddings ``isi_recon`` recovers.
-        probe_train_fraction: Fraction of the images the probes train on (one seeded split over all images);
-            the rest is held out for their accuracy.
+        probe_train_fraction: Fraction of the images the probes train on (one seeded split over all images, a
+            function of the images and the seed, not of their order); the rest is held out for their accuracy.
         seed: Seed of the probe split and of ``isi_recon``.
         phase_metric: The curve segmented into Cliff, Plateau and Climb.
         phase_options: Keyword options of :func:`~isiwatch.measure.phases.detect_phases`.
@@ -241,7 +241,7 @@ def analyze(
     tap = Tap(parts)
     for offset in range(0, n, batch_size):
         chunk = images[offset:offset + batch_size].to(param.device, param.dtype)
-        collector.start_chunk(offset, len(chunk))
+        collector.start_chunk(offset, chunk)
         tap.capture(model, chunk, collector.on_stem, collector.on_block)
 
     means = {m: torch.where(collector.reported[m], s / n, math.nan).tolist() for m, s in collector.sums.items()}
@@ -253,7 +253,7 @@ def analyze(
         for p in stem:
             stem[p]["isi_recon"] = collector.stem_recon[p] / n
     if labels is not None:
-        _add_probes(collector, labels, probe_train_fraction, seed, layers, stem)
+        _add_probes(collector, split_images(images, probe_train_fraction, seed), labels, layers, stem)
 
     info = {"family": parts.family, "depth": parts.depth, "num_prefix_tokens": parts.num_prefix_tokens,
             "has_cls": parts.has_cls, "images": n}
@@ -264,9 +264,9 @@ def analyze(
     return result
 
 
-def _add_probes(collector: _Collector, labels: Tensor, train_fraction: float, seed: int,
+def _add_probes(collector: _Collector, split: tuple[Tensor, Tensor], labels: Tensor,
                 layers: dict[str, list[float]], stem: dict[str, dict[str, float]]) -> None:
-    train, test = split_indices(len(labels), train_fraction, seed)
+    train, test = split
     assert collector.patch_feats is not None  # kept with labels, from the first block on
     feats = [collector.patch_feats] + ([collector.cls_feats] if collector.cls_feats is not None else [])
     acc = probe_accuracy(torch.cat(feats), labels, train, test).tolist()
