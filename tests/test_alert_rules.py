@@ -50,8 +50,34 @@ def test_plateau_onset_follows_the_tracker_and_names_the_span():
         tracker.update(step, phases)
         engine.update(step, r.conditions(s, tracker))
     assert [(a.kind, a.step) for a in opened] == [("plateau_onset", 2)]
-    assert opened[0].message == "plateau over blocks 2–5 of token_similarity"
+    assert opened[0].message == "plateau over blocks 2–5 of token_similarity, after a Cliff"
     assert opened[0].data == {"plateau": [2, 5], "onset_step": 2, "metric": "token_similarity"}
+
+
+def test_a_plateau_from_block_0_is_a_slow_start_and_its_records_sit_where_the_data_change():
+    """No Cliff before the plateau: slow_start (info), not plateau_onset; when the flat stretch moves behind a Cliff
+    the slow_start episode closes and plateau_onset opens, at the sample where the new span became stable."""
+    r, tracker = rules(), PlateauTracker(patience=2)
+    start, paper = Phases((0, 3), None, (4, 7)), Phases((2, 5), (0, 1), (6, 7))
+    records = []
+    engine = AlertEngine("run", [records.append])
+    for step, phases in enumerate((start, start, start, paper, paper, paper, None, None), 1):
+        tracker.update(step, phases)
+        engine.update(step, r.conditions(sample(step, {"token_similarity": [0.0] * 8}, phases=phases), tracker))
+    assert [(a.kind, a.step, a.severity) for a in records] == [
+        ("slow_start", 2, "info"), ("slow_start_cleared", 5, "info"), ("plateau_onset", 5, "warning"),
+        ("plateau_onset_cleared", 8, "info")]
+    assert records[0].message == "slow start: blocks 0–3 of token_similarity barely change it (no Cliff before)"
+    assert records[1].message == "slow_start cleared: plateau over blocks 2–5 of token_similarity, after a Cliff"
+    assert records[-1].message == "plateau_onset cleared: plateau gone"
+    assert Phases((0, 3), None, (4, 7)).plateau_name == "slow start" and paper.plateau_name == "plateau"
+
+
+def test_a_tracker_state_saved_before_the_span_existed_keeps_its_open_episode():
+    tracker = PlateauTracker(patience=2)
+    tracker.load_state_dict({"anchor": [2, 5], "run_length": 3, "absent": 0, "onset_step": 4})
+    assert tracker.span == (2, 5)
+    assert rules().conditions(sample(5, {"token_similarity": [0.0] * 8}), tracker)["plateau_onset"].active
 
 
 def test_isi_stall_waits_for_a_full_window_of_finite_samples_and_needs_a_falling_loss():

@@ -1,5 +1,11 @@
 """Cliff → Plateau → Climb segmentation of a per-layer curve, and plateau onset over training time.
 
+A plateau that starts at block 0 has no Cliff before it: the first blocks barely change the curve and the change
+comes later. That is a **slow start**, not the paper's Plateau (arXiv 2511.21635: a flat stretch *after* a Cliff,
+where extra blocks add little); :attr:`Phases.slow_start` tells them apart, and the Watch raises ``slow_start``
+(info) for the one and ``plateau_onset`` (warning) for the other. Small models trained from scratch show slow
+starts (benchmarks/RESULTS.md), not the paper's profile.
+
 The curve is fitted by a continuous three-piece model — a line (Cliff), a constant (Plateau), a line
 (Climb) — over every pair of plateau boundaries, by least squares. Continuity stops the outer pieces from
 absorbing noisy points for free, which keeps the boundaries within ±1 layer at 5 % noise. The best fit is
@@ -32,6 +38,16 @@ class Phases:
     @property
     def length(self) -> int:
         return self.plateau[1] - self.plateau[0] + 1
+
+    @property
+    def slow_start(self) -> bool:
+        """The plateau starts at block 0 (no Cliff before it): a slow start, not the paper's Plateau."""
+        return self.cliff is None
+
+    @property
+    def plateau_name(self) -> str:
+        """What the flat stretch is called in alerts, tables and plots: "slow start" or "plateau"."""
+        return plateau_name(self.plateau)
 
     def to_dict(self) -> dict[str, Any]:
         return {"plateau": list(self.plateau), "cliff": list(self.cliff) if self.cliff else None,
@@ -122,6 +138,11 @@ def detect_phases(
     return Phases(plateau=(s, e), cliff=(0, s - 1) if s > 0 else None, climb=(e + 1, n - 1) if e < n - 1 else None)
 
 
+def plateau_name(span: Span) -> str:
+    """"slow start" for a flat stretch from block 0 (no Cliff before it), else "plateau" (the paper's)."""
+    return "slow start" if span[0] == 0 else "plateau"
+
+
 def spans_near(a: Span, b: Span, tolerance: int) -> bool:
     return abs(a[0] - b[0]) <= tolerance and abs(a[1] - b[1]) <= tolerance
 
@@ -131,7 +152,9 @@ class PlateauTracker:
 
     Onset is the first sample at which a plateau has been present for ``patience`` consecutive samples
     with a stable span (within ±``span_tolerance`` layers of where the run started). Once onset has
-    happened the plateau counts as present until it has been absent for ``patience`` samples.
+    happened the plateau counts as present until it has been absent for ``patience`` samples. ``span`` is the
+    last span that was stable for ``patience`` samples while onset holds (it says whether the plateau is a slow
+    start or follows a Cliff, :func:`plateau_name`).
     """
 
     def __init__(self, patience: int = 3, span_tolerance: int = 1):
@@ -143,6 +166,7 @@ class PlateauTracker:
         self.run_length = 0
         self.absent = 0
         self.onset_step: int | None = None
+        self.span: Span | None = None
 
     @property
     def active(self) -> bool:
@@ -154,13 +178,15 @@ class PlateauTracker:
             self.anchor, self.run_length = None, 0
             self.absent += 1
             if self.absent >= self.patience:
-                self.onset_step = None
+                self.onset_step, self.span = None, None
             return False
         self.absent = 0
         if self.anchor is not None and spans_near(phases.plateau, self.anchor, self.span_tolerance):
             self.run_length += 1
         else:
             self.anchor, self.run_length = phases.plateau, 1
+        if self.run_length >= self.patience:
+            self.span = self.anchor
         if self.onset_step is None and self.run_length >= self.patience:
             self.onset_step = step
             return True
@@ -168,10 +194,13 @@ class PlateauTracker:
 
     def state_dict(self) -> dict[str, Any]:
         return {"anchor": list(self.anchor) if self.anchor else None, "run_length": self.run_length,
-                "absent": self.absent, "onset_step": self.onset_step}
+                "absent": self.absent, "onset_step": self.onset_step, "span": list(self.span) if self.span else None}
 
     def load_state_dict(self, state: Mapping[str, Any], where: str = "PlateauTracker state") -> None:
         s = checked(state, where, anchor=SPAN, run_length=COUNT, absent=COUNT,
                     onset_step=(optional(is_count), "null or an int >= 0"))
         self.anchor = tuple(s["anchor"]) if s["anchor"] else None
         self.run_length, self.absent, self.onset_step = s["run_length"], s["absent"], s["onset_step"]
+        span = checked(state, where, span=SPAN)["span"] if "span" in state else None
+        # states saved before ``span`` existed: the plateau onset was found on is the anchor, when there is one
+        self.span = tuple(span) if span else (self.anchor if self.onset_step is not None else None)

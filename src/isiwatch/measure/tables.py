@@ -34,7 +34,7 @@ def phase_of(analysis: Analysis, index: int) -> str:
     for name in ("cliff", "plateau", "climb"):
         span = getattr(ph, name)
         if span and span[0] <= index <= span[1]:
-            return name
+            return ph.plateau_name if name == "plateau" else name
     return ""
 
 
@@ -56,8 +56,8 @@ def phases_line(analysis: Analysis) -> str:
     ph = analysis.phases
     if ph is None:
         return f"phases ({analysis.phase_metric}): no plateau detected"
-    parts = [f"{name} {span[0]}–{span[1]}" for name in ("cliff", "plateau", "climb")
-             if (span := getattr(ph, name))]
+    parts = [f"{ph.plateau_name if name == 'plateau' else name} {span[0]}–{span[1]}"
+             for name in ("cliff", "plateau", "climb") if (span := getattr(ph, name))]
     return f"phases ({analysis.phase_metric}): " + ", ".join(parts)
 
 

@@ -2,7 +2,9 @@
 each alert once.
 
 Rules (:class:`AlertRules`): ``non_finite`` (a non-finite value in any curve or the loss), ``plateau_onset``
-(the plateau tracker's onset), ``isi_stall`` (mean ISI rose by less than a relative ``min_rise`` over a window of
+(the plateau tracker's onset, for a plateau after a Cliff: the paper's), ``slow_start`` (the same for a plateau
+from block 0, with no Cliff before it: the first blocks barely change the curve yet; see
+:mod:`isiwatch.measure.phases`), ``isi_stall`` (mean ISI rose by less than a relative ``min_rise`` over a window of
 samples while the loss fell by more than a relative ``min_loss_drop``), ``cls_marginalized`` (the [CLS] probe
 below the mean-patch probe at the last block) and ``norm_friction_high`` (:mod:`isiwatch.watch.friction`).
 
@@ -22,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._utils.state import checked, is_count
+from ..measure.phases import plateau_name
 from .friction import friction_alert
 
 if TYPE_CHECKING:
@@ -32,7 +35,7 @@ logger = logging.getLogger("isiwatch")
 
 SEVERITY_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}
 #: Alert kinds and their severity.
-ALERT_KINDS = {"plateau_onset": "warning", "isi_stall": "warning", "cls_marginalized": "info",
+ALERT_KINDS = {"plateau_onset": "warning", "slow_start": "info", "isi_stall": "warning", "cls_marginalized": "info",
                "non_finite": "critical", "norm_friction_high": "info", "monitor_error": "warning"}
 
 
@@ -72,11 +75,19 @@ def non_finite(sample: Sample) -> Condition:
     return Condition(bool(bad), f"non-finite values in {', '.join(bad)}", {"series": bad})
 
 
-def plateau_onset(sample: Sample, tracker: PlateauTracker, metric: str) -> Condition:
-    """Plateau onset as ``tracker`` (already updated with ``sample``) decides it, with the sample's span."""
+def plateau_onset(sample: Sample, tracker: PlateauTracker, metric: str, kind: str = "plateau_onset") -> Condition:
+    """Plateau onset as ``tracker`` (already updated with ``sample``) decides it, with the sample's span:
+    ``kind`` ``"plateau_onset"`` while the stable span follows a Cliff, ``"slow_start"`` while it starts at block 0."""
     ph = sample.phases
-    return Condition(tracker.active,
-                     f"plateau over blocks {ph.plateau[0]}–{ph.plateau[1]} of {metric}" if ph else "plateau gone",
+    held = tracker.span
+    active = tracker.active and held is not None and (plateau_name(held) == "slow start") == (kind == "slow_start")
+    if ph is None:
+        message = "plateau gone"
+    elif ph.slow_start:
+        message = f"slow start: blocks {ph.plateau[0]}–{ph.plateau[1]} of {metric} barely change it (no Cliff before)"
+    else:
+        message = f"plateau over blocks {ph.plateau[0]}–{ph.plateau[1]} of {metric}, after a Cliff"
+    return Condition(active, message,
                      {"plateau": list(ph.plateau) if ph else None, "onset_step": tracker.onset_step, "metric": metric})
 
 
@@ -114,6 +125,7 @@ class AlertRules:
         """The condition of every alert kind that applies to ``sample`` (``tracker`` already updated with it)."""
         conditions = {"non_finite": non_finite(sample),
                       "plateau_onset": plateau_onset(sample, tracker, self.phase_metric),
+                      "slow_start": plateau_onset(sample, tracker, self.phase_metric, "slow_start"),
                       "isi_stall": self.isi_stall(sample)}
         for kind, condition in (("cls_marginalized", cls_marginalized(sample)),
                                 ("norm_friction_high", norm_friction_high(sample, self.norm_friction_threshold))):
@@ -170,6 +182,7 @@ class AlertEngine:
                 records.append(Alert(f"{kind}_cleared", step, now, self.run, "info",
                                      f"{kind} cleared" + (f": {cond.message}" if cond.message else ""),
                                      dict(cond.data)))
+        records.sort(key=lambda a: not a.kind.endswith("_cleared"))  # a slow start that became a plateau: closed first
         for record in records:
             self.dispatch(record)
         return records
