@@ -1,5 +1,6 @@
 """`isiwatch demo --quick` end to end, `isiwatch report`, and the report page in headless Chromium."""
 
+import html
 import json
 import re
 import shutil
@@ -107,7 +108,8 @@ def test_quick_demo_writes_the_run_directory(demo_run):
                re.findall(r"step (\d+): (plateau \d+–\d+|no plateau) \(token_similarity\)", output)]
     assert printed == changes
     ph = analysis["phases"]
-    final = ", ".join(f"{name} {ph[name][0]}–{ph[name][1]}" for name in ("cliff", "plateau", "climb")
+    named = {"cliff": "cliff", "climb": "climb", "plateau": "plateau" if ph["cliff"] else "slow start"}
+    final = ", ".join(f"{named[name]} {ph[name][0]}–{ph[name][1]}" for name in ("cliff", "plateau", "climb")
                       if ph[name]) if ph["plateau"] else "no plateau detected"
     assert f"phases (token_similarity): {final}\n" in output
     alerts = [json.loads(line) for line in (out / "alerts.jsonl").read_text().splitlines()]
@@ -236,17 +238,35 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 
 def test_report_renders_in_headless_chromium_with_plots_visible(demo_run, tmp_path):
+    """The page explains itself: every column of the per-layer table is defined, the truncation candidates show
+    the bound and their verdict, the slow start / plateau onset episodes are named, and every plot is shown large
+    enough to read (heat-map panels at least 400 px wide)."""
     out, _ = demo_run
     chromium = shutil.which("chromium")
     assert chromium, "Debian's chromium is required (.ci/run installs it)"
     page = (out / "report" / "report.html").resolve()
     dom = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
-                          "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+                          "--window-size=1200,2000", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
                          capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     images = page.read_text().count("<img ")
     assert images == 3  # per-layer curves, heat-maps, plateau timeline
     assert f'data-images-loaded="{images}"' in dom.stdout  # every embedded plot decoded
+    sizes = dict(item.split(":") for item in re.search(r'data-image-sizes="([^"]*)"', dom.stdout)[1].split(";"))
+    shown = {alt: tuple(map(int, size.split("x"))) for alt, size in sizes.items()}
+    assert all(width >= 800 and height >= 250 for width, height in shown.values()), shown
+    assert shown["heat-maps"][0] / 2 >= 400 and shown["heat-maps"][1] >= 500, shown  # two panels a row
+    body = re.sub(r"<[^>]+>", " ", dom.stdout.split("<body", 1)[1])
+    header = re.search(r"<h2>Per-layer curves of the trained model</h2>.*?<thead><tr>(.*?)</tr>", dom.stdout, re.S)[1]
+    columns = [html.unescape(c) for c in re.findall(r"<th>(.*?)</th>", header)]
+    defined = [html.unescape(t) for t in re.findall(r"<dt>(.*?)</dt>", dom.stdout)]
+    assert {"layer", "bi", "probe_pm", "tok_sim", "phase"} <= set(columns) and set(columns) <= set(defined)
+    for text in ("pre_pe: the patch embeddings", "slow start (a flat stretch from block 0", "plateau onset",
+                 "Candidates", "a cut qualifies within", "verdict", "bi: "):
+        assert text in html.unescape(body), text
+    report = json.loads((out / "truncate_report.json").read_text())
+    verdicts = re.findall(r"<td>(winner|within the bound|outside the bound)</td>", dom.stdout)
+    assert len(verdicts) == len(report["search"]["candidates"]) >= 1
     shot = tmp_path / "page.png"
     subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile2'}",
                     "--window-size=1200,2000", f"--screenshot={shot}", page.as_uri()],

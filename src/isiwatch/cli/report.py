@@ -20,9 +20,11 @@ from typing import Any, TypeVar
 
 from .._utils.files import atomic_files, atomic_write
 from ..measure.analysis import Analysis
-from ..measure.metric_table import HEATMAP_METRICS
+from ..measure.metric_table import HEATMAP_METRICS, METRIC_TABLE
+from ..measure.phases import plateau_name
 from ..measure.plots import plot_curves, plot_heatmaps, plot_plateau_timeline
 from ..measure.tables import analysis_rows, recommendation_text
+from ..truncation.strategies import STRATEGIES
 from ..truncation.truncate_report import report_rows
 
 
@@ -173,7 +175,7 @@ def write_plots(records: RunRecords, out: Path) -> dict[str, Path]:
     metrics = [m for m in HEATMAP_METRICS if m in samples[-1]["layers"]]
     paths["heatmaps"] = plot_heatmaps(steps, {m: _grid(samples, m) for m in metrics}, out / "heatmaps.png")
     spans = [tuple(s["phases"]["plateau"]) if s.get("phases") else None for s in samples]
-    alerts = [(a["step"], a["kind"]) for a in records.alerts if not a["kind"].endswith("_cleared")]
+    alerts = [(a["step"], a["kind"]) for a in records.alerts]
     metric = records.analysis.phase_metric if records.analysis else "token_similarity"
     paths["plateau"] = plot_plateau_timeline(steps, spans, depth, alerts, out / "plateau.png", metric)
     return paths
@@ -195,14 +197,28 @@ def _img(path: Path, alt: str) -> str:
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
 
 
+def _episodes(alerts: list[dict[str, Any]], kind: str) -> str:
+    """Every episode of ``kind`` in words: where its record opened it and where its ``*_cleared`` record closed
+    it ("step 24 – cleared at step 40; step 56 (open)"), or "none"."""
+    parts: list[str] = []
+    for alert in alerts:
+        if alert["kind"] == kind:
+            parts.append(f"step {alert['step']} (open)")
+        elif alert["kind"] == f"{kind}_cleared" and parts and parts[-1].endswith("(open)"):
+            parts[-1] = parts[-1].replace("(open)", f"– cleared at step {alert['step']}")
+    return "; ".join(parts) or "none"
+
+
 def _summary(records: RunRecords) -> str:
     first, last = records.samples[0], records.samples[-1]
     ph = last.get("phases")
-    onset = next((a["step"] for a in records.alerts if a["kind"] == "plateau_onset"), None)
+    span = tuple(ph["plateau"]) if ph else None
     rows = [["run", last.get("run", "")], ["samples", len(records.samples)],
             ["steps", f"{first['step']} – {last['step']}"],
-            ["plateau at the last sample", f"blocks {ph['plateau'][0]}–{ph['plateau'][1]}" if ph else "none"],
-            ["plateau onset", f"step {onset}" if onset is not None else "none"]]
+            ["flat stretch at the last sample",
+             f"{plateau_name(span)}, blocks {span[0]}–{span[1]}" if span else "none"],
+            ["plateau onset", _episodes(records.alerts, "plateau_onset")],
+            ["slow start", _episodes(records.alerts, "slow_start")]]
     if (at_last := _recommendation(last.get("recommendation"))) is not None:
         rows.append(["recommended depth at the last sample", recommendation_text(at_last)])
     if records.recommendation is not None:
@@ -211,21 +227,97 @@ def _summary(records: RunRecords) -> str:
     return _table(["", ""], rows)
 
 
+#: What the report's terms mean: the phases and the stem points of the per-layer table and plots.
+TERMS = (
+    ("layer", "block index 0…L−1; pre_pe: the patch embeddings before the position embedding; embed: the tokens "
+              "entering block 0 (plotted at x = −2 and −1)"),
+    ("phase", "the block's place in the phase metric's profile: cliff (a steep change over the first blocks), "
+              "plateau (a flat stretch after a Cliff: the paper's Plateau, where extra blocks add little), slow start "
+              "(a flat stretch from block 0 with no Cliff before it: the first blocks barely change the curve yet), "
+              "climb (the change after the flat stretch)"),
+)
+
+
+def _glossary(columns: Sequence[str]) -> str:
+    """A definition list of every column label in ``columns`` (metric labels from the metric table)."""
+    terms = dict(TERMS)
+    terms.update({m.label: f"{m.name}: {m.description} (range {m.range})" for m in METRIC_TABLE})
+    items = "".join(f"<dt>{html.escape(c)}</dt><dd>{html.escape(terms[c])}</dd>" for c in columns if c in terms)
+    return f'<dl class="glossary">{items}</dl>'
+
+
+#: Columns of the truncation candidates table, with the candidate field each reads.
+CANDIDATE_COLUMNS = (("strategy", "strategy"), ("blocks", "keep"), ("kept", "kept_blocks"),
+                     ("val cut", "validation_accuracy.cut"), ("val healed", "validation_accuracy.healed"),
+                     ("params", "parameters"), ("MFLOPs/img", "flops_per_image"), ("latency ms", "latency_ms"))
+KNOWN_CANDIDATE_FIELDS = {"strategy", "keep", "kept_blocks", "validation_accuracy", "parameters", "flops_per_image",
+                          "latency_ms", "qualifies", "winner", "healing_steps"}
+
+
+def _field(record: dict[str, Any], dotted: str) -> object:
+    value: object = record
+    for key in dotted.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _cell(value: object) -> object:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return "–" if value is None else value
+
+
+def _candidates(search: dict[str, Any]) -> str:
+    """The cuts ``auto`` healed, each with its verdict, the bound they were held to and the search's answer. Fields
+    a report lacks are left out; fields this page does not know are shown as they are."""
+    candidates = [c for c in search.get("candidates") or [] if isinstance(c, dict)]
+    extra = sorted({k for c in candidates for k, v in c.items()
+                    if k not in KNOWN_CANDIDATE_FIELDS and isinstance(v, (int, float, str, type(None)))})
+    header = [label for label, _ in CANDIDATE_COLUMNS] + extra + ["verdict"]
+    rows = [[_cell(c["flops_per_image"] / 1e6 if key == "flops_per_image" and _number(c.get(key))
+                   else _field(c, key)) for _, key in CANDIDATE_COLUMNS]
+            + [_cell(c.get(k)) for k in extra]
+            + ["winner" if c.get("winner") else "within the bound" if c.get("qualifies") else "outside the bound"]
+            for c in candidates]
+    bound = [f"uncut validation accuracy {search['uncut_validation_accuracy']:.3f}"
+             if _number(search.get("uncut_validation_accuracy")) else "",
+             f"a cut qualifies within {search['max_drop']:g} point{'' if search['max_drop'] == 1 else 's'}"
+             if _number(search.get("max_drop")) else ""]
+    bound += [f"{key.replace('_', ' ')}: {value}" for key, value in sorted(search.items())
+              if "bound" in key and isinstance(value, (int, float, str))]
+    verdict = search.get("message") or (f"winner: {search['winner_strategy']}" if search.get("winner_strategy")
+                                        else "")
+    caption = "; ".join(part for part in [*bound, verdict] if part)
+    return f"<p>{html.escape(caption)}</p>" + (_table(header, rows) if rows else "<p>No candidates.</p>")
+
+
 def _truncation_table(report: dict[str, Any]) -> str:
     caption = (f"strategy {report['strategy']}, kept blocks {report['kept_blocks']}, "
                f"{report['healing_steps']} healing steps")
-    return f"<p>{html.escape(caption)}</p>" + _table(*report_rows(report))
+    parts = [f"<p>{html.escape(caption)}</p>", _table(*report_rows(report))]
+    if isinstance(report.get("search"), dict):
+        parts += ["<h3>Candidates</h3>", _candidates(report["search"])]
+    strategies = "; ".join(f"{name}: {s.description}" for name, s in STRATEGIES.items())
+    parts.append(f"<p>Strategies: auto: the cheapest healed cut within the bound; {html.escape(strategies)}. "
+                 "Columns: blocks kept, parameters, forward MFLOPs per image, latency per batch, held-out accuracy "
+                 "and agreement of the top-1 prediction with the uncut model; val: validation accuracy.</p>")
+    return "".join(parts)
 
 
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}
-th{background:#f4f4f4}img{max-width:100%;border:1px solid #eee}figure{margin:.8em 0}"""
+th{background:#f4f4f4}img{max-width:100%;border:1px solid #eee}figure{margin:.8em 0}
+dl.glossary{display:grid;grid-template-columns:max-content auto;gap:2px 12px}dl.glossary dt{font-weight:600}
+dl.glossary dd{margin:0}"""
 
-#: Records in the DOM how many images decoded, so a headless browser can verify the page.
-CHECK_SCRIPT = """<script>window.addEventListener('load',function(){var n=0;
-for(var i=0;i<document.images.length;i++){if(document.images[i].complete&&document.images[i].naturalWidth>0)n++;}
-document.body.setAttribute('data-images-loaded',n);});</script>"""
+#: Records in the DOM how many images decoded and the size each is shown at (CSS px, "alt:WxH;..."), so a headless
+#: browser can verify the page.
+CHECK_SCRIPT = """<script>window.addEventListener('load',function(){var n=0,sizes=[];
+for(var i=0;i<document.images.length;i++){var im=document.images[i];if(im.complete&&im.naturalWidth>0)n++;
+sizes.push(im.alt+':'+Math.round(im.getBoundingClientRect().width)+'x'+Math.round(im.getBoundingClientRect().height));}
+document.body.setAttribute('data-images-loaded',n);document.body.setAttribute('data-image-sizes',sizes.join(';'));
+});</script>"""
 
 
 def _page(records: RunRecords, plots: dict[str, Path]) -> str:
@@ -233,8 +325,9 @@ def _page(records: RunRecords, plots: dict[str, Path]) -> str:
     parts = [f"<h1>isiwatch report: {html.escape(records.run_dir.name)}</h1>", "<h2>Summary</h2>",
              _summary(records)]
     if records.analysis is not None:  # write_plots drew its curves
+        header, rows = analysis_rows(records.analysis)
         parts += ["<h2>Per-layer curves of the trained model</h2>", _img(plots["curves"], "per-layer curves"),
-                  _table(*analysis_rows(records.analysis))]
+                  _table(header, rows), "<h3>Columns</h3>", _glossary(header)]
     parts += ["<h2>Depth × training step</h2>", _img(plots["heatmaps"], "heat-maps"),
               "<h2>Plateau over training</h2>", _img(plots["plateau"], "plateau timeline"),
               "<h2>Alerts</h2>", _table(["step", "kind", "severity", "message"], alerts) if alerts

@@ -9,7 +9,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from .._utils.files import atomic_write
-from .analysis import Analysis
+from .analysis import STEM_POINTS, Analysis
+from .phases import Phases, plateau_name
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -37,46 +38,76 @@ def _save(fig: Figure, path: str | Path) -> Path:
 
 
 def plot_curves(analysis: Analysis, path: str | Path, metrics: list[str] | None = None) -> Path:
-    """One panel per metric over block index (stem points at −2/−1), phases of the phase metric shaded."""
+    """One panel per metric over block index, the stem points at x = −2 (``pre_pe``: patch embeddings before the
+    position embedding) and −1 (``embed``: the tokens entering block 0) labelled on the axis, the phases of the
+    phase metric shaded, with one legend for the shading and the markers."""
+    from matplotlib.artist import Artist
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     plt = _pyplot()
     metrics = metrics or list(analysis.layers)
     cols = 3
     rows = math.ceil(len(metrics) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows + 0.7), squeeze=False)
     phases = analysis.phases
+    spans = {name: span for name in ("cliff", "plateau", "climb") if phases and (span := getattr(phases, name))}
     for ax, metric in zip(axes.flat, metrics):
         values = analysis.layers[metric]
         ax.plot(range(len(values)), values, marker="o", ms=3, color="#2166ac")
-        stem = [(i - 2, analysis.stem[p][metric]) for i, p in enumerate(("pre_pe", "embed"))
+        stem = [(i - 2, analysis.stem[p][metric]) for i, p in enumerate(STEM_POINTS)
                 if metric in analysis.stem.get(p, {})]
         if stem:
             ax.plot(*zip(*stem), marker="s", ms=3, ls=":", color="#888888")
-        if phases is not None:
-            for name in ("cliff", "plateau", "climb"):
-                span = getattr(phases, name)
-                if span:
-                    ax.axvspan(span[0] - 0.5, span[1] + 0.5, color=PHASE_COLOURS[name], alpha=0.35, lw=0)
+        for name, span in spans.items():
+            ax.axvspan(span[0] - 0.5, span[1] + 0.5, color=PHASE_COLOURS[name], alpha=0.35, lw=0)
+        ticks = _block_ticks(len(values))
+        ax.set_xticks([-2, -1, *ticks], [*STEM_POINTS, *map(str, ticks)])
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("block", fontsize=8)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(metrics):]:
         ax.axis("off")
+    handles: list[Artist] = [Patch(color=PHASE_COLOURS[name], alpha=0.35, label=_phase_label(phases, name, span))
+               for name, span in spans.items()]
+    handles += [Line2D([], [], marker="o", ms=3, color="#2166ac", label="block output"),
+                Line2D([], [], marker="s", ms=3, ls=":", color="#888888",
+                       label="before block 0: pre_pe (patch embeddings), embed (block 0's input)")]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     title = f"phases of {analysis.phase_metric}: "
-    title += (f"plateau {phases.plateau[0]}–{phases.plateau[1]}" if phases else "no plateau")
+    title += (f"{phases.plateau_name} {phases.plateau[0]}–{phases.plateau[1]}" if phases else "no plateau")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.6 / (2.8 * rows + 0.7), 1, 1))
     return _save(fig, path)
+
+
+def _block_ticks(depth: int) -> list[int]:
+    """Block indices to label: every block up to 12, else every ⌈depth/12⌉-th."""
+    return list(range(0, depth, max(1, -(-depth // 12))))
+
+
+def _phase_label(phases: Phases | None, name: str, span: tuple[int, int]) -> str:
+    """Legend text of a shaded phase: a plateau from block 0 is a slow start (:mod:`isiwatch.measure.phases`)."""
+    shown = phases.plateau_name if phases is not None and name == "plateau" else name
+    return f"{shown} (blocks {span[0]}–{span[1]})"
+
+
+#: Size of one heat-map panel (inches; 110 dpi): two side by side fill the report's 1,100 px column.
+HEATMAP_PANEL_IN = (5.0, 3.6)
 
 
 def heatmap_figure(steps: Sequence[int], grids: dict[str, Sequence[Sequence[float]]]) -> Figure:
     """Depth × training-step heat-maps as a matplotlib figure, one panel per metric; ``grids[metric]`` is
-    (samples, depth). Block 0 at the bottom, colour scaled to each metric's range, NaN left blank. The run report
-    saves it (:func:`plot_heatmaps`) and the TensorBoard exporter logs it (``SummaryWriter.add_figure``)."""
+    (samples, depth), two panels a row. Block 0 at the bottom, colour scaled to each metric's range, NaN left
+    blank. The run report saves it (:func:`plot_heatmaps`) and the TensorBoard exporter logs it
+    (``SummaryWriter.add_figure``)."""
     import numpy as np
     from matplotlib.figure import Figure  # not pyplot: the training process's backend is left alone
 
-    fig = Figure(figsize=(4.4 * len(grids), 3.4))
-    axes = fig.subplots(1, len(grids), squeeze=False)
+    cols = min(2, len(grids))
+    n_rows = math.ceil(len(grids) / cols)
+    fig = Figure(figsize=(HEATMAP_PANEL_IN[0] * cols, HEATMAP_PANEL_IN[1] * n_rows))
+    axes = fig.subplots(n_rows, cols, squeeze=False)
     first, last = (steps[0], steps[-1]) if steps[0] != steps[-1] else (steps[0] - 0.5, steps[0] + 0.5)
     for ax, (metric, rows) in zip(axes.flat, grids.items()):
         grid = np.asarray(rows, dtype=float).T
@@ -86,7 +117,9 @@ def heatmap_figure(steps: Sequence[int], grids: dict[str, Sequence[Sequence[floa
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("training step", fontsize=8)
         ax.set_ylabel("block", fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=8)
+    for ax in list(axes.flat)[len(grids):]:
+        ax.axis("off")
     fig.tight_layout()
     return fig
 
@@ -98,23 +131,33 @@ def plot_heatmaps(steps: Sequence[int], grids: dict[str, Sequence[Sequence[float
 
 def plot_plateau_timeline(steps: Sequence[int], spans: Sequence[tuple[int, int] | None], depth: int,
                           alerts: Sequence[tuple[int, str]], path: str | Path, metric: str) -> Path:
-    """The plateau span (blocks) at each sample, with alert records as vertical markers."""
-    import math
-
+    """The flat stretch (blocks) at each sample, a slow start (from block 0) and a plateau after a Cliff in their
+    own colours, with alert records as vertical markers: an episode's opening dashed, its ``*_cleared`` record
+    dotted, both labelled."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 3.2))
-    lo = [s[0] - 0.5 if s else math.nan for s in spans]
-    hi = [s[1] + 0.5 if s else math.nan for s in spans]
-    ax.fill_between(steps, lo, hi, step="mid", color=PHASE_COLOURS["plateau"], alpha=0.8, label="plateau")
-    colours = {"plateau_onset": "#d6604d", "isi_stall": "#b2182b", "cls_marginalized": "#762a83",
-               "non_finite": "#000000", "early_stop": "#1b7837"}
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    for name, colour in (("slow start", SLOW_START_COLOUR), ("plateau", PHASE_COLOURS["plateau"])):
+        shown = [s if s and plateau_name(s) == name else None for s in spans]
+        if any(shown):
+            lo = [s[0] - 0.5 if s else math.nan for s in shown]
+            hi = [s[1] + 0.5 if s else math.nan for s in shown]
+            ax.fill_between(steps, lo, hi, step="mid", color=colour, alpha=0.8,
+                            label=name + (" (from block 0, no Cliff)" if name == "slow start" else " (after a Cliff)"))
     for step, kind in alerts:
-        ax.axvline(step, color=colours.get(kind, "#999999"), ls="--", lw=1)
+        opened = kind.removesuffix("_cleared")
+        ax.axvline(step, color=ALERT_COLOURS.get(opened, "#999999"), ls=":" if opened != kind else "--", lw=1)
         ax.annotate(kind, (step, depth - 0.5), rotation=90, fontsize=7, va="top", ha="right")
     ax.set_ylim(-0.5, depth - 0.5)
     ax.set_xlabel("training step", fontsize=8)
     ax.set_ylabel("block", fontsize=8)
-    ax.set_title(f"plateau of {metric} over training", fontsize=10)
+    ax.set_title(f"flat stretch of {metric} over training", fontsize=10)
     ax.tick_params(labelsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return _save(fig, path)
+
+
+SLOW_START_COLOUR = "#fddbc7"
+ALERT_COLOURS = {"plateau_onset": "#d6604d", "slow_start": "#f4a582", "isi_stall": "#b2182b",
+                 "cls_marginalized": "#762a83", "non_finite": "#000000", "early_stop": "#1b7837"}
