@@ -93,6 +93,44 @@ def run_dir_with(name, text):
     return setup
 
 
+def with_fifo(name):
+    """The good checkpoint and a FIFO at ``name``: an output path naming it must be refused, not replaced (and
+    never opened: opening a FIFO for writing blocks until a reader comes)."""
+    def setup(tmp, good):
+        copy_ckpt(tmp, good)
+        os.mkfifo(tmp / name)
+    return setup
+
+
+def with_symlink(name, folder=False):
+    """The good checkpoint and a symbolic link ``name`` to a file (or folder) beside it."""
+    def setup(tmp, good):
+        copy_ckpt(tmp, good)
+        target = tmp / "target"
+        target.mkdir() if folder else target.write_text("kept")
+        (tmp / name).symlink_to(target)
+    return setup
+
+
+def with_folder(name):
+    def setup(tmp, good):
+        copy_ckpt(tmp, good)
+        (tmp / name).mkdir()
+    return setup
+
+
+def nan_weights(tmp, good):
+    ckpt = torch.load(good, weights_only=True)
+    ckpt["state_dict"]["blocks.1.mlp.fc1.weight"][0, 0] = float("nan")
+    torch.save(ckpt, tmp / "model.pt")
+
+
+def huge_config(tmp, good):
+    """A 2 MB list in a command section: refused by its size before YAML builds it."""
+    copy_ckpt(tmp, good)
+    (tmp / "c.yaml").write_text("analyze:\n  images: [" + "1, " * 700_000 + "1]\n")
+
+
 PY_TAG = "every_n_steps: !!python/object/apply:os.system ['touch PWNED']\n"
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
@@ -170,12 +208,43 @@ CASES = {
     "global-config-python-tag": (write("c.yaml", PY_TAG), ["--config", "{tmp}/c.yaml", "analyze", "{tmp}/model.pt"]),
     "global-config-missing": (copy_ckpt, ["--config", "{tmp}/none.yaml", "analyze", "{tmp}/model.pt"]),
     "unknown-command": (None, ["frobnicate"]),
+    # output paths: a regular file or nothing; refused before any work, never replaced (issue 23 #6)
+    "truncate-out-existing-dir": (with_folder("o"), ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o"]),
+    "truncate-out-fifo": (with_fifo("f"), ["truncate", "{tmp}/model.pt", "--out", "{tmp}/f"]),
+    "truncate-out-symlink": (with_symlink("link.pt"), ["truncate", "{tmp}/model.pt", "--out", "{tmp}/link.pt"]),
+    "truncate-report-fifo": (with_fifo("f"), ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o.pt", "--report",
+                                              "{tmp}/f"]),
+    "truncate-report-dir": (with_folder("r"), ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o.pt", "--report",
+                                               "{tmp}/r"]),
+    "truncate-out-under-a-file": (copy_ckpt, ["truncate", "{tmp}/model.pt", "--out", "{tmp}/model.pt/o.pt"]),
+    "truncate-nan-weights": (nan_weights, ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o.pt"]),
+    "specialize-out-fifo": (with_fifo("f"), ["specialize", "{tmp}/model.pt", "--out", "{tmp}/f"]),
+    "specialize-out-dir": (with_folder("o"), ["specialize", "{tmp}/model.pt", "--out", "{tmp}/o"]),
+    "specialize-out-symlink": (with_symlink("link.pt"), ["specialize", "{tmp}/model.pt", "--out",
+                                                         "{tmp}/link.pt"]),
+    "specialize-nan-weights": (nan_weights, ["specialize", "{tmp}/model.pt", "--out", "{tmp}/o.pt"]),
+    "analyze-out-fifo": (with_fifo("f"), ["analyze", "{tmp}/model.pt", "--out", "{tmp}/f"]),
+    "analyze-out-symlink": (with_symlink("o", folder=True), ["analyze", "{tmp}/model.pt", "--out", "{tmp}/o"]),
+    "analyze-nan-weights": (nan_weights, ["analyze", "{tmp}/model.pt", "--out", "{tmp}/o"]),
+    "analyze-missing-path-with-newline": (None, ["analyze", "{tmp}/no\nsuch.pt", "--out", "{tmp}/o"]),
+    "report-out-fifo": (run_dir_with("alerts.jsonl", ""), ["report", "{tmp}/run", "--out", "{tmp}/run/f"]),
+    "demo-out-is-a-file": (write("d", "keep me"), ["demo", "--quick", "--out", "{tmp}/d"]),
+    "demo-out-fifo": (with_fifo("d"), ["demo", "--quick", "--out", "{tmp}/d"]),
+    "config-check-huge": (huge_config, ["config", "check", "{tmp}/c.yaml"]),
+    "global-config-huge": (huge_config, ["--config", "{tmp}/c.yaml", "analyze", "{tmp}/model.pt"]),
 }
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(root.rglob("*"))}
+    """Every path under ``root``: a link as its target, a FIFO as such, a file by its hash."""
+    def state(p: Path) -> str:
+        if p.is_symlink():
+            return f"link to {os.readlink(p)}"
+        if p.is_fifo():
+            return "fifo"
+        return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+
+    return {str(p.relative_to(root)): state(p) for p in sorted(root.rglob("*"))}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -196,3 +265,34 @@ def test_bad_input_one_line_error_inputs_unchanged_nothing_left(case, good_check
     assert len(errors[0]) < 400
     assert snapshot(tmp_path) == before  # inputs unchanged, no output, no temporary file
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_dev_null_is_refused_as_an_output_by_the_check_every_command_makes_first():
+    """As root, replacing /dev/null with a regular file breaks the machine. Read-only: the test asks the check each
+    command runs before any work (the FIFO cases above run the commands themselves on the same code path), so a
+    regression cannot replace the real /dev/null."""
+    import stat
+
+    from isiwatch._utils.files import PathError, check_output
+
+    for folder in (False, True):
+        with pytest.raises(PathError, match="^--out /dev/null: is a character device, not a"):
+            check_output("/dev/null", "--out", folder=folder)
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_refusals_name_the_problem_and_come_before_any_work(good_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "o").mkdir()
+    result = CliRunner().invoke(main, ["truncate", str(good_checkpoint), "--out", "o"])
+    assert result.stderr == "Error: --out o: is a directory, not a regular file; give a regular file or a path " \
+                            "that does not exist yet\n"
+    assert "candidates" not in result.stdout + result.stderr  # refused before the search
+    result = CliRunner().invoke(main, ["analyze", "no\nsuch.pt"])
+    assert result.stderr == "Error: 'no\\nsuch.pt': no such file or directory\n"
+    bad = tmp_path / "nan.pt"
+    nan_weights(tmp_path, good_checkpoint)
+    (tmp_path / "model.pt").rename(bad)
+    result = CliRunner().invoke(main, ["analyze", str(bad)])
+    assert result.stderr == (f"Error: {bad}: 1 weight tensor holds NaN or Inf (first: 'blocks.1.mlp.fc1.weight'); "
+                             "a diverged or corrupted checkpoint cannot be used\n")

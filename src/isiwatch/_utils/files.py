@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import socket
+import stat
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -202,3 +203,69 @@ def write_json(path: str | Path, data: object) -> Path:
     with atomic_write(path) as fh:
         fh.write(text.encode("utf-8"))
     return Path(path)
+
+
+class PathError(ValueError):
+    """A path a command cannot use (an output it must not write, an input that is not there): ``str()`` is one
+    line naming the path and the problem."""
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` for a one-line message: as it is when printable, else quoted with escapes (a newline in a name
+    would otherwise split the message)."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def check_output(path: str | Path, option: str, folder: bool = False) -> Path:
+    """Refuse, before any work, an output path isiwatch must not write: it must name nothing yet or a regular
+    file (``folder``: a directory). Symbolic links, device nodes (``/dev/null``), FIFOs and sockets are refused
+    rather than replaced, and so is a path whose parent is a file. ``option`` names the path in the message
+    (``--out``). Returns ``path`` as a Path."""
+    path = Path(path)
+    want = "a directory" if folder else "a regular file"
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:  # ENOTDIR: a parent is a file; EACCES; ENAMETOOLONG
+        raise PathError(f"{option} {shown_path(path)}: cannot be written ({exc.strerror})") from None
+    if mode is None:
+        parent = next((p for p in path.absolute().parents if os.path.lexists(p)), None)
+        if parent is not None and not parent.is_dir():
+            raise PathError(f"{option} {shown_path(path)}: {shown_path(parent)} is not a directory")
+        return path
+    if (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)):
+        return path
+    raise PathError(f"{option} {shown_path(path)}: is {_kind(mode)}, not {want}; give {want} or a path that "
+                          "does not exist yet")
+
+
+def check_input(path: str | Path, what: str = "") -> Path:
+    """A path a command reads: refused in one line (its name quoted when it holds a newline) when nothing is
+    there."""
+    path = Path(path)
+    if not os.path.lexists(path) or not path.exists():
+        raise PathError(f"{what + ' ' if what else ''}{shown_path(path)}: no such file or directory")
+    return path
+
+
+#: Largest isiwatch.yaml read: real ones are a few hundred bytes; a bigger file is refused before YAML builds it
+#: (a 25 MB list in a section once took 6 GB of memory before its error).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def check_size(path: str | Path, limit: int, what: str) -> Path:
+    """Refuse a file larger than ``limit`` bytes before it is read; ``what`` says what it should be."""
+    path = Path(path)
+    with contextlib.suppress(OSError):  # a missing or unreadable file: its reader names the problem
+        size = path.stat().st_size
+        if size > limit:
+            raise PathError(f"{shown_path(path)}: {size:,} bytes is too large for {what} (at most {limit:,})")
+    return path

@@ -114,6 +114,13 @@ def _section_defaults(ctx: click.Context, config: ConfigFile) -> dict[str, dict[
     return defaults
 
 
+def _bounded_config(path: Path) -> Path:
+    """``path``, refused before it is parsed when larger than any isiwatch.yaml (:data:`MAX_CONFIG_BYTES`)."""
+    from .._utils.files import MAX_CONFIG_BYTES, check_size
+
+    return check_size(path, MAX_CONFIG_BYTES, "an isiwatch.yaml")
+
+
 def _load_config(ctx: click.Context, _param: click.Parameter, value: Path | None) -> ConfigFile | None:
     """Runs before the group's error handling, so every problem must leave as a one-line ClickException."""
     if value is None:
@@ -121,8 +128,8 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: Path | None
     from ..watch.config import ConfigError, load_yaml
 
     try:
-        config = load_yaml(value)
-    except ConfigError as exc:
+        config = load_yaml(_bounded_config(value))
+    except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     ctx.default_map = _section_defaults(ctx, config)
     return config
@@ -151,7 +158,7 @@ def config_check(ctx: click.Context, file: Path) -> None:
     duplicate keys are reported with their line."""
     from ..watch.config import load_yaml
 
-    loaded = load_yaml(file)
+    loaded = load_yaml(_bounded_config(file))
     _section_defaults(ctx.find_root(), loaded)
     sections = ", ".join(sorted(loaded.sections)) or "none"
     click.echo(f"{file}: OK ({len(loaded.watch)} Watch options; command sections: {sections})")
@@ -199,6 +206,35 @@ def _finite(value: float, param: click.Parameter) -> float:
     return value
 
 
+def _check_paths(inputs: Mapping[str, Path | str | None] | None = None,
+                 files: Mapping[str, Path | None] | None = None, folders: Mapping[str, Path | None] | None = None
+                 ) -> None:
+    """Every path a command reads or writes, checked before any work (:func:`~isiwatch._utils.files.check_output`):
+    ``inputs`` must exist, ``files`` are file outputs and ``folders`` folder outputs; keys name them in the
+    message ("" for an argument, "--out" for an option). ``None`` is an option not given."""
+    from .._utils.files import check_input, check_output
+
+    for name, path in (inputs or {}).items():
+        if path is not None:
+            check_input(path, name)
+    for name, path in (files or {}).items():
+        if path is not None:
+            check_output(path, name)
+    for name, path in (folders or {}).items():
+        if path is not None:
+            check_output(path, name, folder=True)
+
+
+PROGRESS = click.option("--progress/--no-progress", default=None,
+                        help="Draw progress bars [default: only when stderr is a terminal].")
+
+
+def _progress(force: bool | None) -> bool:
+    from .._utils.progress import show_progress
+
+    return show_progress(force)
+
+
 DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                       help="Where to run the model.")
 
@@ -230,6 +266,8 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
     from ..measure.tables import analysis_table, phases_line, recommendation_text
     from .offline import analyze_checkpoint
 
+    _check_paths({"": checkpoint, "--data": None if data == "mnist" else data}, folders={"--out": out})
+
     result, paths = analyze_checkpoint(checkpoint, arch=arch, num_heads=num_heads, data=data, images=images, out=out,
                                        metric=metric, with_isi_recon=isi_recon, batch_size=batch_size,
                                        prefer_ema=not no_ema, mean=mean, std=std, device=_device(device),
@@ -254,15 +292,21 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
               callback=lambda _ctx, param, value: _finite(value, param),
               help="Keep the Prometheus endpoint up for SECONDS after the demo finishes (from training on), so a "
                    "scraping Prometheus can fire alerts with a for: delay; Ctrl-C ends it (0: close after training).")
+@PROGRESS
 @DEVICE
-def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int, serve: float, device: str) -> None:
+def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int, serve: float, progress: bool | None,
+         device: str) -> None:
     """Train a ViT on the embedded MNIST digits with Watch, analyse it, truncate it, write a report."""
     from .._utils.threads import set_torch_threads
     from .demo import run_demo
 
+    _check_paths(folders={"--out": out})
+    if watch_config is not None:
+        _bounded_config(watch_config)
+
     click.echo(f"torch threads: {set_torch_threads()} (the idle cores now; OMP_NUM_THREADS overrides)")
     run_demo(out, quick=quick, device=_device(device), config=watch_config, prometheus_port=prometheus_port,
-             serve=serve, echo=click.echo)
+             serve=serve, echo=click.echo, progress=_progress(progress))
 
 
 @main.command()
@@ -273,6 +317,7 @@ def report(run_dir: Path, out: Path | None) -> None:
     """Plots and a self-contained HTML page of a monitored run (a Watch log_dir)."""
     from .report import write_report
 
+    _check_paths(folders={"--out": out if out is not None else run_dir / "report"})
     for path in write_report(run_dir, out, warn=lambda line: click.echo(f"warning: {line}", err=True)):
         click.echo(f"wrote {path}")
 
@@ -324,17 +369,22 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
 @click.option("--seed", type=int, default=0, show_default=True, help="Healing order and random strategy seed.")
 @MEAN
 @STD
+@PROGRESS
 @DEVICE
 def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval_data: str | None, strategy: str | None,
              keep: int | None, max_drop: float, budget: int, train_last: int | None, epochs: int, lr: float,
              distill: bool, metric: str | None, images: int, fmt: str, report: Path | None, arch: str | None,
              num_heads: int | None, no_ema: bool, seed: int, mean: tuple[float, ...] | None,
-             std: tuple[float, ...] | None, device: str) -> None:
+             std: tuple[float, ...] | None, progress: bool | None, device: str) -> None:
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
     fine-tuning its late blocks."""
     from .._utils.option_error import OptionError
     from ..truncation.truncate import candidates_table, report_table, truncate
 
+    hugging_face = checkpoint.is_dir()  # a save_pretrained directory: --out is a new directory
+    _check_paths({"": checkpoint, "--analysis": analysis, "--data": None if data == "mnist" else data,
+                  "--eval-data": eval_data}, files={"--report": report, **({} if hugging_face else {"--out": out})},
+                 folders={"--out": out} if hugging_face else {})
     ctx = click.get_current_context()
     typed = any(ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE for n in ("max_drop", "budget"))
     if typed and (strategy or ("auto" if keep is None else "")) != "auto":  # a config file's default is no request
@@ -344,7 +394,7 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
                           keep=keep, max_drop=max_drop, budget=budget,
                           train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images,
                           fmt=fmt, report=report, arch=arch, num_heads=num_heads, prefer_ema=not no_ema, mean=mean,
-                          std=std, device=_device(device), seed=seed, progress=True)
+                          std=std, device=_device(device), seed=seed, progress=_progress(progress))
     except OptionError as exc:  # worded with this command's flags (--keep K), not Python's parameters (keep=K)
         raise click.ClickException(exc.worded({p.name: p.opts[0] for p in ctx.command.params if p.name})) from None
     click.echo(_inputs_line(result.report["weights"], result.report["normalization"]))
@@ -380,6 +430,8 @@ def specialize(checkpoint: Path, out: Path, arch: str | None, num_heads: int | N
     """Give [CLS]/prefix tokens their own norms (and QKV) in a ViT checkpoint; same function at conversion."""
     from ..io.models import specialize_checkpoint
     from ..specialization.convert import parse_qkv_blocks
+
+    _check_paths({"": checkpoint}, files={"--out": out})
 
     report = specialize_checkpoint(checkpoint, out, arch=arch, num_heads=num_heads, norms=norms,
                                    qkv_blocks=parse_qkv_blocks(qkv_blocks), lora_rank=lora_rank,

@@ -66,11 +66,12 @@ QUICK = DemoSettings(depth=8, epochs=2, every_n_steps=8, heal_epochs=1, cut_budg
 
 def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", config: str | Path | None = None,
              prometheus_port: int | None = 0, serve: float = 0, seed: int = 0,
-             echo: Callable[[str], None] = print) -> dict[str, Any]:
+             echo: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:
     """Train with Watch, analyse, truncate, report; returns a summary dict. ``config``: Watch options
     (isiwatch.yaml) that override the demo's defaults. ``serve``: seconds to keep the Prometheus endpoint up
     after the demo has finished (it then stays up from training on), so a scraping Prometheus sees open alert
-    episodes long enough for rules with a ``for:`` delay to fire; 0 closes it when training ends."""
+    episodes long enough for rules with a ``for:`` delay to fire; 0 closes it when training ends. ``progress``:
+    draw progress bars while training and healing."""
     if serve < 0 or serve != serve:
         raise ValueError(f"serve must be a number of seconds >= 0, got {serve}")
     if serve and prometheus_port is None:
@@ -110,7 +111,7 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
             return watch.should_stop
 
         steps = train_classifier(model, train_x, train_y, epochs=settings.epochs, seed=seed, on_step=on_step,
-                                 progress=True)
+                                 progress=progress)
         watch.finish()  # the final sample reaches the exporter before it may be kept past the Watch
         samples = len(watch.history)
         stop_reason = watch.stop_reason
@@ -138,7 +139,7 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
              f"validation accuracy, at most {settings.cut_budget} candidates")
         truncated = truncate(ckpt, out / "truncated.pt", analysis=analysis_path, max_drop=DEFAULT_MAX_DROP,
                              budget=settings.cut_budget, epochs=settings.heal_epochs,
-                             report=out / "truncate_report.json", device=device, seed=seed, progress=True)
+                             report=out / "truncate_report.json", device=device, seed=seed, progress=progress)
         echo(candidates_table(truncated.report))
         if truncated.report["search"]["message"]:
             echo(truncated.report["search"]["message"])

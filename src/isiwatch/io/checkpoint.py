@@ -242,6 +242,16 @@ def _check_tensors(path: Path, state: dict[str, Tensor]) -> None:
                                   "dimensions")
 
 
+def check_finite_weights(path: Path, state: Mapping[str, object]) -> None:
+    """Refuse weights holding NaN or Inf (a diverged run's or a corrupted file's): every curve, probe and cut of such
+    a model is meaningless, so it is named in one line instead of being analysed, cut or specialised."""
+    bad = [key for key, value in state.items()
+           if isinstance(value, Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all())]
+    if bad:
+        raise CheckpointError(f"{path}: {len(bad)} weight tensor{' holds' if len(bad) == 1 else 's hold'} NaN or Inf "
+                              f"(first: {bad[0]!r}); a diverged or corrupted checkpoint cannot be used")
+
+
 def _recorded_kwargs(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
     """The model keyword arguments the checkpoint records: its own ``model_kwargs`` over timm ``train.py``'s
     ``args.model_kwargs``."""
@@ -406,6 +416,7 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
     raw = read_raw(path)
     wrapped, weights = _state_dict_of(raw, prefer_ema)
     state = _strip_prefix(wrapped)
+    check_finite_weights(path, wrapped)
     recorded_arch: str | None = raw.get("arch") if isinstance(raw.get("arch"), str) and raw.get("arch") else None
     named = arch or recorded_arch
     if state is not None and named and _is_other_family(named):
