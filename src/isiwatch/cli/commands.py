@@ -188,6 +188,8 @@ class _Stats(_StatsType):
 MEAN = click.option("--mean", type=_Stats(), help="Per-channel mean to normalise images with, e.g. 0.5 or "
                                                   "0.485,0.456,0.406 (default: the checkpoint's training args, "
                                                   "else the model's pretrained_cfg; MNIST's for --data mnist).")
+ARCH = click.option("--arch", metavar="NAME",
+                    help="timm architecture name (default: recorded in the checkpoint or inferred).")
 STD = click.option("--std", type=_Stats(), help="Per-channel standard deviation, with --mean.")
 
 
@@ -241,10 +243,10 @@ DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), de
 
 @main.command()
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
+@ARCH
 @click.option("--num-heads", type=click.IntRange(min=1),
               help="Attention heads, for a checkpoint that records neither them nor an architecture.")
-@click.option("--data", default="mnist", show_default=True,
+@click.option("--data", default="mnist", show_default=True, metavar="mnist|DIR",
               help="'mnist' (the embedded digits) or an ImageFolder directory.")
 @click.option("--images", type=click.IntRange(min=4), default=1000, show_default=True,
               help="Number of probe images.")
@@ -338,11 +340,12 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
               help="Where to write the truncated checkpoint (a new directory for a Hugging Face model).")
 @click.option("--analysis", type=click.Path(dir_okay=False, path_type=Path),
               help="analysis.json of this checkpoint (default: analyse it on --data).")
-@click.option("--data", default="mnist", show_default=True,
+@click.option("--data", default="mnist", show_default=True, metavar="mnist|DIR",
               help="Healing and held-out images: 'mnist' (the embedded digits) or an ImageFolder directory (20 % "
                    "held out, unless it has train/ and validation/ sub-folders: heal on train, evaluate on "
                    "validation).")
-@click.option("--eval-data", help="ImageFolder directory to validate and test on (halved); all of --data heals.")
+@click.option("--eval-data", metavar="DIR",
+              help="ImageFolder directory to validate and test on (halved); all of --data heals.")
 @click.option("--strategy", type=click.Choice(("auto", *STRATEGIES)),
               help=f"Which blocks to drop [default: auto; {DEFAULT_STRATEGY} with --keep]. auto: the cheapest "
                    "healed cut within --max-drop; "
@@ -362,7 +365,7 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
               help="Images for the analysis and the block scores.")
 @click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), default="pt", show_default=True)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help="Also write the report as JSON.")
-@click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
+@ARCH
 @click.option("--num-heads", type=click.IntRange(min=1),
               help="Attention heads, for a checkpoint that records neither them nor an architecture.")
 @click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
@@ -413,12 +416,12 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
 @click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Output checkpoint; isiwatch.io.models.load_specialized(OUT) loads it back.")
-@click.option("--arch", help="timm architecture name (default: recorded in the checkpoint or inferred).")
+@ARCH
 @click.option("--num-heads", type=click.IntRange(min=1),
               help="Attention heads, for a checkpoint that records neither them nor an architecture.")
 @click.option("--norms/--no-norms", default=True, show_default=True,
               help="Prefix-token affine parameters in every block's norm1 and norm2.")
-@click.option("--qkv-blocks", default="none", show_default=True,
+@click.option("--qkv-blocks", default="none", show_default=True, metavar="none|first_third|K|0,1,2",
               help="Blocks whose QKV projection is specialised: none, first_third, a count K or indices 0,1,2.")
 @click.option("--lora-rank", type=click.IntRange(min=1),
               help="Specialise QKV by a rank-R LoRA update instead of a full copy.")
