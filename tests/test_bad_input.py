@@ -289,7 +289,7 @@ def test_refusals_name_the_problem_and_come_before_any_work(good_checkpoint, tmp
                             "that does not exist yet\n"
     assert "candidates" not in result.stdout + result.stderr  # refused before the search
     result = CliRunner().invoke(main, ["analyze", "no\nsuch.pt"])
-    assert result.stderr == "Error: 'no\\nsuch.pt': no such file or directory\n"
+    assert result.stderr == "Error: 'no\\nsuch.pt': no such checkpoint\n"
     bad = tmp_path / "nan.pt"
     nan_weights(tmp_path, good_checkpoint)
     (tmp_path / "model.pt").rename(bad)

@@ -181,6 +181,18 @@ def report(run, out):
     return CliRunner().invoke(main, ["report", str(run), "--out", str(out)])
 
 
+def test_report_names_slow_start_and_plateau_episodes_with_their_cleared_records(run_copy, tmp_path):
+    """Each episode's opening and its *_cleared record, where alerts.jsonl has them: a slow start that became the
+    paper's plateau at step 2 and a plateau still open at the end."""
+    records = [{"kind": kind, "step": step, "time": 0.0, "run": "r", "severity": "info", "message": kind, "data": {}}
+               for kind, step in (("slow_start", 1), ("slow_start_cleared", 2), ("plateau_onset", 2))]
+    (run_copy / "alerts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert report(run_copy, tmp_path / "r").exit_code == 0
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert "<td>slow start</td><td>step 1 – cleared at step 2</td>" in page
+    assert "<td>plateau onset</td><td>step 2 (open)</td>" in page
+
+
 def test_report_skips_a_cut_off_last_line_with_a_warning(run_copy, tmp_path):
     metrics = run_copy / "metrics.jsonl"
     lines = metrics.read_text().splitlines()

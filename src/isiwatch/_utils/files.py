@@ -247,12 +247,12 @@ def check_output(path: str | Path, option: str, folder: bool = False) -> Path:
                           "does not exist yet")
 
 
-def check_input(path: str | Path, what: str = "") -> Path:
+def check_input(path: str | Path, option: str = "", kind: str = "file or directory") -> Path:
     """A path a command reads: refused in one line (its name quoted when it holds a newline) when nothing is
-    there."""
+    there. ``option`` names it in the message (empty for an argument), ``kind`` says what it should be."""
     path = Path(path)
-    if not os.path.lexists(path) or not path.exists():
-        raise PathError(f"{what + ' ' if what else ''}{shown_path(path)}: no such file or directory")
+    if not path.exists():
+        raise PathError(f"{option + ' ' if option else ''}{shown_path(path)}: no such {kind}")
     return path
 
 

@@ -218,7 +218,7 @@ def _check_paths(inputs: Mapping[str, Path | str | None] | None = None,
 
     for name, path in (inputs or {}).items():
         if path is not None:
-            check_input(path, name)
+            check_input(path, name, "checkpoint" if not name else "file or directory")
     for name, path in (files or {}).items():
         if path is not None:
             check_output(path, name)
@@ -268,7 +268,7 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
     from ..measure.tables import analysis_table, phases_line, recommendation_text
     from .offline import analyze_checkpoint
 
-    _check_paths({"": checkpoint, "--data": None if data == "mnist" else data}, folders={"--out": out})
+    _check_paths({"": checkpoint}, folders={"--out": out})
 
     result, paths = analyze_checkpoint(checkpoint, arch=arch, num_heads=num_heads, data=data, images=images, out=out,
                                        metric=metric, with_isi_recon=isi_recon, batch_size=batch_size,
@@ -384,14 +384,13 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     from .._utils.option_error import OptionError
     from ..truncation.truncate import candidates_table, report_table, truncate
 
-    hugging_face = checkpoint.is_dir()  # a save_pretrained directory: --out is a new directory
-    _check_paths({"": checkpoint, "--analysis": analysis, "--data": None if data == "mnist" else data,
-                  "--eval-data": eval_data}, files={"--report": report, **({} if hugging_face else {"--out": out})},
-                 folders={"--out": out} if hugging_face else {})
     ctx = click.get_current_context()
     typed = any(ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE for n in ("max_drop", "budget"))
     if typed and (strategy or ("auto" if keep is None else "")) != "auto":  # a config file's default is no request
         raise click.UsageError("--max-drop and --budget apply to --strategy auto only")
+    hugging_face = checkpoint.is_dir()  # a save_pretrained directory: --out is a new directory
+    _check_paths({"": checkpoint}, files={"--report": report, **({} if hugging_face else {"--out": out})},
+                 folders={"--out": out} if hugging_face else {})
     try:
         result = truncate(checkpoint, out, analysis=analysis, data=data, eval_data=eval_data, strategy=strategy,
                           keep=keep, max_drop=max_drop, budget=budget,

@@ -292,8 +292,9 @@ def _candidates(search: dict[str, Any]) -> str:
 
 
 def _truncation_table(report: dict[str, Any]) -> str:
+    steps = report["healing_steps"]
     caption = (f"strategy {report['strategy']}, kept blocks {report['kept_blocks']}, "
-               f"{report['healing_steps']} healing steps")
+               f"{steps} healing step{'' if steps == 1 else 's'}")
     parts = [f"<p>{html.escape(caption)}</p>", _table(*report_rows(report))]
     if isinstance(report.get("search"), dict):
         parts += ["<h3>Candidates</h3>", _candidates(report["search"])]
