@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 PHASE_COLOURS = {"cliff": "#f4a582", "plateau": "#92c5de", "climb": "#a6dba0"}
+#: A flat stretch from block 0 (no Cliff before it): a slow start, not the paper's plateau.
+SLOW_START_COLOUR = "#fddbc7"
 
 
 def _pyplot() -> ModuleType:
@@ -60,15 +62,16 @@ def plot_curves(analysis: Analysis, path: str | Path, metrics: list[str] | None 
         if stem:
             ax.plot(*zip(*stem), marker="s", ms=3, ls=":", color="#888888")
         for name, span in spans.items():
-            ax.axvspan(span[0] - 0.5, span[1] + 0.5, color=PHASE_COLOURS[name], alpha=0.35, lw=0)
+            ax.axvspan(span[0] - 0.5, span[1] + 0.5, color=_phase_colour(phases, name), alpha=0.35, lw=0)
         ticks = _block_ticks(len(values))
-        ax.set_xticks([-2, -1, *ticks], [*STEM_POINTS, *map(str, ticks)])
+        ax.set_xticks([-2, -1, *ticks], [STEM_POINTS[0], "\n" + STEM_POINTS[1], *map(str, ticks)])  # staggered
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("block", fontsize=8)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(metrics):]:
         ax.axis("off")
-    handles: list[Artist] = [Patch(color=PHASE_COLOURS[name], alpha=0.35, label=_phase_label(phases, name, span))
+    handles: list[Artist] = [Patch(color=_phase_colour(phases, name), alpha=0.35,
+                                   label=_phase_label(phases, name, span))
                for name, span in spans.items()]
     handles += [Line2D([], [], marker="o", ms=3, color="#2166ac", label="block output"),
                 Line2D([], [], marker="s", ms=3, ls=":", color="#888888",
@@ -84,6 +87,10 @@ def plot_curves(analysis: Analysis, path: str | Path, metrics: list[str] | None 
 def _block_ticks(depth: int) -> list[int]:
     """Block indices to label: every block up to 12, else every ⌈depth/12⌉-th."""
     return list(range(0, depth, max(1, -(-depth // 12))))
+
+
+def _phase_colour(phases: Phases | None, name: str) -> str:
+    return SLOW_START_COLOUR if phases is not None and name == "plateau" and phases.slow_start else PHASE_COLOURS[name]
 
 
 def _phase_label(phases: Phases | None, name: str, span: tuple[int, int]) -> str:
@@ -158,6 +165,5 @@ def plot_plateau_timeline(steps: Sequence[int], spans: Sequence[tuple[int, int] 
     return _save(fig, path)
 
 
-SLOW_START_COLOUR = "#fddbc7"
 ALERT_COLOURS = {"plateau_onset": "#d6604d", "slow_start": "#f4a582", "isi_stall": "#b2182b",
                  "cls_marginalized": "#762a83", "non_finite": "#000000", "early_stop": "#1b7837"}
