@@ -330,7 +330,7 @@ def _page(records: RunRecords, plots: dict[str, Path]) -> str:
         parts += ["<h2>Per-layer curves of the trained model</h2>", _img(plots["curves"], "per-layer curves"),
                   _table(header, rows), "<h3>Columns</h3>", _glossary(header)]
     parts += ["<h2>Depth × training step</h2>", _img(plots["heatmaps"], "heat-maps"),
-              "<h2>Plateau over training</h2>", _img(plots["plateau"], "plateau timeline"),
+              "<h2>Slow start and plateau over training</h2>", _img(plots["plateau"], "plateau timeline"),
               "<h2>Alerts</h2>", _table(["step", "kind", "severity", "message"], alerts) if alerts
               else "<p>No alerts.</p>"]
     if records.truncation:
