@@ -543,3 +543,30 @@ def test_nan_activations_on_the_probe_pass_raise_an_alert_and_leave_training_alo
     assert_unperturbed(result, unwatched)
     assert [r.kind for r in records] == ["non_finite"] and records[0].step == 2  # one episode, no monitor_error
     assert [s.step for s in watch.history] == [2, 4, 6, 8, 10, 12] and not watch.faults.failing
+
+
+# -- torch.distributed: the overhead budget's interval is one decision for all ranks ---------------------------
+def budget_worker(rank, port, out):
+    from isiwatch.io.data import embedded_digits
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    x, y = embedded_digits()
+    x, y, px, py = x[:256], y[:256], x[4000:4032], y[4000:4032]
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(tiny_vit())
+    watch = Watch(model, px, py, every_n_steps=1, overhead_budget=0.05)
+    # rank 1's steps are slow (its ratio is low), rank 0's fast: each would pick another interval alone
+    train(model, x, y, 24, watch, lambda step: time.sleep(0.2) if rank == 1 else None)
+    watch.close()
+    dist.destroy_process_group()
+    with open(f"{out}/rank{rank}.json", "w") as fh:
+        json.dump({"samples": [s.step for s in watch.history], "interval": watch.interval}, fh)
+
+
+def test_under_an_overhead_budget_every_rank_samples_the_same_steps(tmp_path):
+    mp.spawn(budget_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    assert ranks[0] == ranks[1]  # no hang, and one interval: the longest any rank asked for
+    assert ranks[0]["interval"] > 1 and len(ranks[0]["samples"]) < 24

@@ -562,3 +562,28 @@ def test_overhead_budget_shortens_the_interval_again_when_training_is_slow(digit
         time.sleep(1.0)
         watch.step(step, 1.0)
     assert watch.history[-1].overhead_ratio < 0.9 / 2 and watch.interval < 16
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_with_a_log_dir_and_heatmaps(digits, tmp_path):
+    """Python allocations after the history filled: flat across 200 samples with TensorBoard, its heat-maps (one
+    render every 50 samples, off the training thread), JSONL and Prometheus. Measured at the same phase of the
+    heat-map cycle, each render written first, so a render in flight does not count."""
+    import tracemalloc
+
+    _, _, px, _ = digits
+    watch = Watch(tiny_vit(depth=2, dim=16), px[:16], every_n_steps=1, log_dir=tmp_path, history_size=20,
+                  heatmap_every=50, registry=CollectorRegistry())
+    tracemalloc.start()
+    try:
+        traced = {}
+        for step in range(1, 376):
+            watch.step(step, 1.0)
+            if step in (175, 375):
+                watch.exporters[1].wait_for_heatmaps()
+                gc.collect()
+                traced[step] = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+        watch.close()
+    assert traced[375] - traced[175] < 256 * 2**10, traced

@@ -109,6 +109,11 @@ class TensorBoardExporter(Exporter):
         training thread)."""
         self._rendered = (history[-1].step, heatmap_images(history))
 
+    def wait_for_heatmaps(self) -> None:
+        """Wait for a heat-map render in flight, if any, and write it: for a reader of the event file mid-run
+        (the close does it itself)."""
+        self._write_rendered(wait=True)
+
     def _write_rendered(self, wait: bool = False) -> None:
         """Write the heat-maps of a finished render, if any (``wait``: of the one running, once it finishes)."""
         if self._render is None or (self._render.is_alive() and not wait):
@@ -129,7 +134,7 @@ class TensorBoardExporter(Exporter):
         Args:
             history: The samples to show, oldest first.
         """
-        self._write_rendered(wait=True)
+        self.wait_for_heatmaps()
         if history:
             self._add_images(history[-1].step, heatmap_images(history))
 
