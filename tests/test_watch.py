@@ -373,10 +373,12 @@ def test_memory_flat_over_2000_samples_and_hooks_removed(digits, tmp_path):
                history_size=50, heatmap_every=500) as watch:
         for step in range(1, 501):
             watch.step(step)
+        watch.exporters[1].wait_for_heatmaps()  # the render of step 500 runs on its thread: let it end
         gc.collect()
         objects, tensors, rss = len(gc.get_objects()), sum(torch.is_tensor(o) for o in gc.get_objects()), rss_bytes()
         for step in range(501, 2001):
             watch.step(step)
+        watch.exporters[1].wait_for_heatmaps()
         gc.collect()
         object_growth = len(gc.get_objects()) - objects
         tensor_growth = sum(torch.is_tensor(o) for o in gc.get_objects()) - tensors
