@@ -372,3 +372,201 @@ def test_a_closed_stderr_does_not_turn_a_report_into_an_exception(digits, monkey
     train(model, x, y, 4, watch)
     watch.close()
     assert watch.faults.counts == {"probe pass": 2}  # the samples of steps 2 and 4 failed, training went on
+
+
+# -- log_dir made read-only or deleted mid-run ---------------------------------------------------------------
+def log_dir_faults(records):
+    """Each exporter's monitor_error episode as [(kind, step), ...], by source."""
+    episodes = {}
+    for r in records:
+        if r.kind.startswith("monitor_error"):
+            episodes.setdefault(r.data["source"], []).append((r.kind, r.step))
+    return episodes
+
+
+@pytest.fixture
+def own_disk(tmp_path):
+    """A real tmpfs that the test may remount read-only (root cannot write there either, unlike a chmod)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True,
+                       capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"mounting a tmpfs is not permitted here ({exc})")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def make_read_only(mount):
+    """The tmpfs at ``mount`` becomes read-only, as when the kernel remounts a failing disk: the kernel refuses
+    ``remount,ro`` while the Watch holds files open for writing, so the mount is detached and a read-only tmpfs
+    takes its place (the open files then point into the detached one, as into a deleted folder)."""
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=4m", "tmpfs", str(mount)], check=True)
+
+
+def remount(mount, mode):
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(mount)], check=True)
+
+
+# TensorBoard's writer thread dies on the read-only disk (its own traceback); the exporter replaces the writer
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_log_dir_made_read_only_mid_run_is_reported_once_and_recovers(digits, unwatched, own_disk):
+    x, y, px, py = digits
+    model = tiny_vit()
+    records = []
+    watch = Watch(model, px, py, every_n_steps=1, log_dir=own_disk / "run", heatmap_every=1000,
+                  alert_callback=records.append)
+
+    def disk(step):
+        if step == 4:
+            make_read_only(own_disk)
+        if step == 8:
+            remount(own_disk, "rw")
+
+    try:
+        result = train(model, x, y, 12, watch, disk)
+        watch.close()
+    finally:
+        remount(own_disk, "rw")
+    assert_unperturbed(result, unwatched)
+    episodes = log_dir_faults(records)
+    for source in ("exporter JsonlExporter", "exporter TensorBoardExporter"):
+        assert episodes[source] == [("monitor_error", 4), ("monitor_error_cleared", 8)], episodes
+    steps = [json.loads(line)["step"] for line in (own_disk / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [8, 9, 10, 11, 12]  # the writable disk that came back holds what was written since
+    events = EventAccumulator(str(own_disk / "run"))
+    events.Reload()
+    assert 12 in [e.step for e in events.Scalars("isiwatch/isi/layer_00")]
+
+
+# TensorBoard's writer thread dies on the deleted folder (its own traceback); the exporter replaces the writer
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_log_dir_deleted_mid_run_is_reported_once_and_recreated(digits, unwatched, tmp_path):
+    import shutil
+
+    x, y, px, py = digits
+    model = tiny_vit()
+    records = []
+    log_dir = tmp_path / "run"
+    watch = Watch(model, px, py, every_n_steps=1, log_dir=log_dir, heatmap_every=1000, alert_callback=records.append)
+    result = train(model, x, y, 12, watch, lambda step: shutil.rmtree(log_dir) if step == 5 else None)
+    watch.close()
+    assert_unperturbed(result, unwatched)
+    # writing on into the deleted files would lose every record silently: the write that finds them gone fails,
+    # the next one writes into a re-created log_dir (TensorBoard's writer opens its file per write, so its own
+    # write fails, and its next one, maybe the same sample's, re-creates the folder)
+    episodes = log_dir_faults(records)
+    assert episodes["exporter JsonlExporter"] == [("monitor_error", 5), ("monitor_error_cleared", 6)], episodes
+    assert episodes["exporter TensorBoardExporter"] in ([("monitor_error", 5), ("monitor_error_cleared", s)]
+                                                         for s in (5, 6)), episodes
+    assert "was deleted" in next(r.message for r in records if r.data.get("source") == "exporter JsonlExporter")
+    steps = [json.loads(line)["step"] for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [6, 7, 8, 9, 10, 11, 12]
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    assert [e.step for e in events.Scalars("isiwatch/isi/layer_00")][-7:] == steps
+
+
+# -- a push gateway that does not speak HTTP -----------------------------------------------------------------
+class NotHttp:
+    """A TCP server that answers every request with a line that is not an HTTP status line (``BadStatusLine``
+    in the client) until ``healthy`` is set, then with ``HTTP/1.1 200 OK``."""
+
+    def __init__(self):
+        self.healthy, self.answers = False, []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    conn.recv(65536)
+                    healthy = self.healthy
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n" if healthy
+                                 else b"SSH-2.0-OpenSSH_9.6\r\n")
+                    self.answers.append(healthy)
+                except OSError:
+                    pass
+
+
+def test_a_gateway_that_does_not_speak_http_is_reported_once_and_recovers(digits, unwatched):
+    x, y, px, py = digits
+    server = NotHttp()
+    model = tiny_vit()
+    records = []
+    watch = Watch(model, px, py, every_n_steps=2, pushgateway=f"127.0.0.1:{server.port}",
+                  alert_callback=records.append)
+
+    def gateway(step):
+        time.sleep(0.05)  # as long as a real step, so a push can finish between samples
+        if step == 7:
+            time.sleep(0.5)
+            server.healthy = True
+
+    try:
+        result = train(model, x, y, 12, watch, gateway)
+        watch.close()
+    finally:
+        server.sock.close()
+    assert_unperturbed(result, unwatched)
+    faults = [r for r in records if r.kind.startswith("monitor_error")]
+    assert kinds(faults) == [("monitor_error", "exporter PrometheusExporter"),
+                             ("monitor_error_cleared", "exporter PrometheusExporter")]
+    assert "BadStatusLine" in faults[0].message or "RemoteDisconnected" in faults[0].message, faults[0].message
+    assert False in server.answers and server.answers[-1] is True
+
+
+# -- NaN activations on the probe pass only ------------------------------------------------------------------
+def test_nan_activations_on_the_probe_pass_raise_an_alert_and_leave_training_alone(digits, unwatched):
+    x, y, px, py = digits
+    model = tiny_vit()
+
+    def nan_on_probe(module, inputs, output):
+        return output * float("nan") if inputs[0].shape[0] == 32 else None
+
+    model.blocks[1].register_forward_hook(nan_on_probe)
+    records = []
+    watch = Watch(model, px, py, every_n_steps=2, alert_callback=records.append)
+    result = train(model, x, y, 12, watch)
+    watch.close()
+    assert_unperturbed(result, unwatched)
+    assert [r.kind for r in records] == ["non_finite"] and records[0].step == 2  # one episode, no monitor_error
+    assert [s.step for s in watch.history] == [2, 4, 6, 8, 10, 12] and not watch.faults.failing
+
+
+# -- torch.distributed: the overhead budget's interval is one decision for all ranks ---------------------------
+def budget_worker(rank, port, out):
+    from isiwatch.io.data import embedded_digits
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    x, y = embedded_digits()
+    x, y, px, py = x[:256], y[:256], x[4000:4032], y[4000:4032]
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(tiny_vit())
+    watch = Watch(model, px, py, every_n_steps=1, overhead_budget=0.05)
+    # rank 1's steps are slow (its ratio is low), rank 0's fast: each would pick another interval alone
+    train(model, x, y, 24, watch, lambda step: time.sleep(0.2) if rank == 1 else None)
+    watch.close()
+    dist.destroy_process_group()
+    with open(f"{out}/rank{rank}.json", "w") as fh:
+        json.dump({"samples": [s.step for s in watch.history], "interval": watch.interval}, fh)
+
+
+def test_under_an_overhead_budget_every_rank_samples_the_same_steps(tmp_path):
+    mp.spawn(budget_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    assert ranks[0] == ranks[1]  # no hang, and one interval: the longest any rank asked for
+    assert ranks[0]["interval"] > 1 and len(ranks[0]["samples"]) < 24

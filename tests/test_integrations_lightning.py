@@ -68,7 +68,8 @@ def test_callback_logs_exports_checkpoints_and_does_not_perturb(digits, tmp_path
     assert [json.loads(line)["step"] for line in lines] == [2, 4, 6]
     with open(trainer.logger.log_dir + "/metrics.csv") as fh:
         rows = list(csv.DictReader(fh))
-    assert [int(r["step"]) for r in rows if r.get("isiwatch/probe_cls/last")] == [2, 4, 6]
+    # Lightning files a batch's values under the batches stepped before it: optimizer step 2 is logged at 1
+    assert [int(r["step"]) for r in rows if r.get("isiwatch/probe_cls/last")] == [1, 3, 5]
     assert {"isiwatch/isi/mean", "isiwatch/plateau/length", "isiwatch/loss"} <= set(rows[0])
     assert not watch_cb.watch.exporters and len(watch_cb.watch.history) == 3  # closed at teardown, kept
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in watched.modules())
@@ -117,5 +118,29 @@ def test_gradient_accumulation_samples_optimizer_steps_with_the_training_step_lo
     # optimizer step s completes on batch 2s - 1 (0-based); its training_step loss, not the loss / 2
     assert [r["loss"] for r in records] == [module.losses[2 * s - 1] for s in (2, 4, 5)]
     with open(trainer.logger.log_dir + "/metrics.csv") as fh:
-        assert [int(r["step"]) for r in csv.DictReader(fh) if r.get("isiwatch/probe_cls/last")] == [2, 4, 5]
+        assert [int(r["step"]) for r in csv.DictReader(fh) if r.get("isiwatch/probe_cls/last")] == [1, 3, 4]
     assert watch_cb.state_dict()["last_step"] == 5 and not watch_cb.watch.should_stop
+
+
+class LoggingDigitsViT(DigitsViT):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss, on_step=True, on_epoch=False)
+        return loss
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_the_isiwatch_loss_lands_on_the_step_of_the_modules_own_train_loss(digits, tmp_path, accumulation):
+    data, px, py = digits
+    torch.manual_seed(1)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=5, logger=CSVLogger(tmp_path, name="csv"),
+                         callbacks=[ISIWatchCallback(px, py, every_n_steps=2)], log_every_n_steps=1,
+                         accumulate_grad_batches=accumulation, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path)
+    trainer.fit(LoggingDigitsViT(), DataLoader(data, batch_size=32, shuffle=True))
+    with open(trainer.logger.log_dir + "/metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    own = {int(r["step"]): float(r["train_loss"]) for r in rows if r.get("train_loss")}
+    ours = {int(r["step"]): float(r["isiwatch/loss"]) for r in rows if r.get("isiwatch/loss")}
+    assert sorted(ours) == [1, 3, 4]  # optimizer steps 2 and 4, and the final sample of step 5
+    assert all(ours[step] == pytest.approx(own[step], rel=1e-6) for step in ours)

@@ -26,9 +26,10 @@ def tiny_hf_vit():
 
 
 def trainer_for(tmp_path, data, max_steps, callbacks=None, **args):
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=32,
-                             learning_rate=1e-3, use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=1,
-                             **{"save_strategy": "no", "report_to": "none", "logging_steps": 100, **args})
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=max_steps, learning_rate=1e-3, use_cpu=True,
+                             disable_tqdm=True, dataloader_num_workers=0, seed=1,
+                             **{"per_device_train_batch_size": 32, "save_strategy": "no", "report_to": "none",
+                                "logging_steps": 100, **args})
     return Trainer(model=tiny_hf_vit(), args=args, train_dataset=data, callbacks=callbacks)
 
 
@@ -129,3 +130,19 @@ def test_final_sample_at_the_end_of_training_reaches_the_logs(digits, tmp_path):
     lines = (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2, 4, 5]  # 5: the final sample
     assert callback.state()["attributes"]["watch_state"]["last_step"] == 5 and not callback.watch.should_stop
+
+
+@pytest.mark.parametrize("accumulation", [1, 2, 4])
+def test_the_loss_series_equals_the_loss_the_trainer_logs_under_gradient_accumulation(digits, tmp_path,
+                                                                                       accumulation):
+    # transformers passes num_items_in_batch, so each micro-batch's outputs.loss is a partial sum of the step's
+    data, px, py = digits
+    callback = ISIWatchCallback(px, py, every_n_steps=1)
+    trainer = trainer_for(tmp_path, data, 4, callbacks=[callback], logging_steps=1,
+                          per_device_train_batch_size=32 // accumulation, gradient_accumulation_steps=accumulation)
+    trainer.train()
+    logged = {row["step"]: row["loss"] for row in trainer.state.log_history if "loss" in row}
+    ours = {s.step: s.loss for s in callback.watch.history}
+    assert sorted(logged) == sorted(ours) == [1, 2, 3, 4]
+    assert ours == pytest.approx(logged, rel=1e-3)
+    assert 2.0 < ours[1] < 2.6  # ln 10 at the start: a full cross-entropy, not a half or a quarter of one

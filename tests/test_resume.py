@@ -84,3 +84,23 @@ def test_a_bad_run_name_in_the_state_is_refused_and_changes_nothing(digits, run)
     with pytest.raises(ValueError, match="'run' must be a non-empty string"):
         watch.load_state_dict(state)
     assert watch.run == name and watch.last_step is None
+
+
+def test_a_resumed_run_never_repeats_an_episodes_opening_or_clearing(digits, tmp_path):  # noqa: F811
+    """As a framework does: the last checkpoint is written at the last step, then the close takes the final sample
+    of that step; the resumed run starts from the checkpoint. Each record of the episode appears once."""
+    _, _, px, py = digits
+    model = tiny_vit()
+    records = []
+    first = Watch(model, px, py, every_n_steps=4, run_name="r", alert_callback=records.append)
+    for step in range(1, 7):
+        first.step(step, float("nan") if step == 4 else 1.0)  # non_finite opens at the sample of step 4
+    checkpoint = saved_and_loaded(first, tmp_path / "last.pt")  # step 6: not a sampling step
+    first.close()  # the final sample, of step 6: its loss is finite again
+    assert [s.step for s in first.history] == [4, 6]
+    resumed = Watch(model, px, py, every_n_steps=4, run_name="r", alert_callback=records.append)
+    resumed.load_state_dict(checkpoint)
+    for step in range(7, 9):
+        resumed.step(step, 1.0)
+    resumed.close()
+    assert [(r.kind, r.step) for r in records] == [("non_finite", 4), ("non_finite_cleared", 8)]

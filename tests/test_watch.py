@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import socket
+import time
 
 import pytest
 import timm
@@ -277,6 +278,7 @@ def test_series_names_are_the_series_samples_hold(digits, labels, cls, recon):
     watch = Watch(model, px, py if labels else None, every_n_steps=1, with_isi_recon=recon)
     assert not forwards  # the names come from the model's structure, not from a forward pass
     watch.step(1, 0.5)
+    watch.step(2, 0.5)  # the second sample has an overhead ratio: the first has no training time before it
     assert set(watch.history[-1].series()) == watch.series_names
     assert ("probe_cls/last" in watch.series_names) == (labels and cls)
     assert ("isi_recon/layer_03" in watch.series_names) == recon
@@ -303,6 +305,7 @@ def stopped_state(digits):
     (("plateau_stopper", "anchor"), [[3], 0.5], r"Watch state\['plateau_stopper'\]: 'anchor' must be null or"),
     (("isi_stall",), [[0.5]], r"Watch state: 'isi_stall' must be a list of \[mean ISI, loss\] pairs"),
     (("stoppers",), [], r"Watch state: 'stoppers' must be a list of 1 early-stopping states"),
+    (("interval",), 0, r"Watch state: 'interval' must be an int >= 1, got 0"),
 ])
 def test_load_state_dict_is_all_or_nothing(digits, stopped_state, path, value, message):
     _, _, px, py = digits
@@ -370,10 +373,12 @@ def test_memory_flat_over_2000_samples_and_hooks_removed(digits, tmp_path):
                history_size=50, heatmap_every=500) as watch:
         for step in range(1, 501):
             watch.step(step)
+        watch.exporters[1].wait_for_heatmaps()  # the render of step 500 runs on its thread: let it end
         gc.collect()
         objects, tensors, rss = len(gc.get_objects()), sum(torch.is_tensor(o) for o in gc.get_objects()), rss_bytes()
         for step in range(501, 2001):
             watch.step(step)
+        watch.exporters[1].wait_for_heatmaps()
         gc.collect()
         object_growth = len(gc.get_objects()) - objects
         tensor_growth = sum(torch.is_tensor(o) for o in gc.get_objects()) - tensors
@@ -488,3 +493,99 @@ def test_alerts_still_reach_the_users_logging_handlers(digits, caplog):
         (alert,) = plateau_alert_run(digits[2])
     assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
         ("isiwatch", logging.WARNING, f"[plateau_onset] step 1: {alert.message}")]
+
+
+# -- the Watch's own cost ------------------------------------------------------------------------------------
+def test_the_overhead_series_reach_tensorboard_jsonl_and_prometheus(digits, tmp_path):
+    from prometheus_client import generate_latest
+
+    _, _, px, py = digits
+    registry = CollectorRegistry()
+    watch = Watch(tiny_vit(), px, py, every_n_steps=2, log_dir=tmp_path, registry=registry, run_name="cost")
+    for step in range(1, 7):
+        time.sleep(0.01)  # the training step
+        watch.step(step, 1.0)
+    watch.close()
+    samples = list(watch.history)
+    assert samples[0].overhead_ratio is None and samples[0].overhead_s > 0  # no training time before the first
+    assert all(s.overhead_s > 0 and 0 < s.overhead_ratio < float("inf") for s in samples[1:])
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("isiwatch/overhead/ratio")] == [4, 6]
+    assert [e.step for e in acc.Scalars("isiwatch/overhead/sample_seconds")] == [2, 4, 6]
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["overhead_ratio"] for r in lines] == [None, samples[1].overhead_ratio, samples[2].overhead_ratio]
+    assert all(r["overhead_s"] > 0 for r in lines)
+    text = generate_latest(registry).decode()
+    assert f'isiwatch_overhead_ratio{{run="cost"}} {samples[-1].overhead_ratio!r}' in text
+    assert 'isiwatch_overhead_seconds{run="cost"}' in text
+
+
+def test_probe_every_runs_the_linear_probes_on_every_kth_sample_only(digits):
+    _, _, px, py = digits
+    watch = Watch(tiny_vit(), px, py, every_n_steps=1, probe_every=3, monitor="probe_cls/last", mode="max")
+    for step in range(1, 8):
+        watch.step(step, 1.0)
+    probed = [s.step for s in watch.history if "probe_cls" in s.layers]
+    assert probed == [1, 4, 7]
+    assert all("isi" in s.layers for s in watch.history)  # the other metrics on every sample
+    assert watch.stoppers[0].seen == 3  # early stopping sees the probe series only where it exists
+
+
+def test_overhead_budget_stretches_the_interval_and_logs_each_change(digits, caplog):
+    _, _, px, py = digits
+    # a step() with no training between: the overhead ratio is far above any budget, so the interval grows
+    watch = Watch(tiny_vit(), px, py, every_n_steps=2, overhead_budget=0.005)
+    with caplog.at_level(logging.INFO, logger="isiwatch"):
+        for step in range(1, 41):
+            watch.step(step, 1.0)
+    steps = [s.step for s in watch.history]
+    assert steps[:2] == [2, 4] and watch.interval > 2 and watch.interval % 2 == 0
+    assert len(steps) < 20 and all(s % 2 == 0 for s in steps)
+    changes = [r.getMessage() for r in caplog.records if "against a budget of 0.0050" in r.getMessage()]
+    assert changes and changes[-1].endswith(f"sampling every {watch.interval} steps instead of "
+                                            f"{changes[-1].split()[-1]}")
+    # the interval in effect resumes with the run; without a budget the resumed Watch samples every_n_steps
+    state = watch.state_dict()
+    assert state["interval"] == watch.interval
+    resumed = Watch(tiny_vit(), px, py, every_n_steps=2, overhead_budget=0.005)
+    resumed.load_state_dict(state)
+    assert resumed.interval == watch.interval
+    plain = Watch(tiny_vit(), px, py, every_n_steps=2)
+    plain.load_state_dict(state)
+    assert plain.interval == 2
+
+
+def test_overhead_budget_shortens_the_interval_again_when_training_is_slow(digits):
+    _, _, px, py = digits
+    watch = Watch(tiny_vit(), px, py, every_n_steps=1, overhead_budget=0.9)
+    watch.interval = 16  # as after a stretch; now 16 steps take far longer than a sample
+    for step in (16, 32, 48):
+        time.sleep(1.0)
+        watch.step(step, 1.0)
+    assert watch.history[-1].overhead_ratio < 0.9 / 2 and watch.interval < 16
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_with_a_log_dir_and_heatmaps(digits, tmp_path):
+    """Python allocations after the history filled: flat across 200 samples with TensorBoard, its heat-maps (one
+    render every 50 samples, off the training thread), JSONL and Prometheus. Measured at the same phase of the
+    heat-map cycle, each render written first, so a render in flight does not count."""
+    import tracemalloc
+
+    _, _, px, _ = digits
+    watch = Watch(tiny_vit(depth=2, dim=16), px[:16], every_n_steps=1, log_dir=tmp_path, history_size=20,
+                  heatmap_every=50, registry=CollectorRegistry())
+    tracemalloc.start()
+    try:
+        traced = {}
+        for step in range(1, 376):
+            watch.step(step, 1.0)
+            if step in (175, 375):
+                watch.exporters[1].wait_for_heatmaps()
+                gc.collect()
+                traced[step] = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+        watch.close()
+    assert traced[375] - traced[175] < 256 * 2**10, traced

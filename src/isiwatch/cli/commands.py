@@ -288,8 +288,9 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
 @click.option("--quick", is_flag=True, help="A smaller, shorter run (under a minute on 2 CPU cores).")
 @click.option("--config", "watch_config", type=click.Path(dir_okay=False, path_type=Path),
               help="isiwatch.yaml whose Watch options override the demo's defaults.")
-@click.option("--prometheus-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="Port for the Prometheus endpoint on 127.0.0.1 while training (0: any free port).")
+@click.option("--prometheus-port", type=click.IntRange(0, 65535), default=9108, show_default=True,
+              help="Port for the Prometheus endpoint on 127.0.0.1 while training: 9108 is the one "
+                   "deploy/prometheus/prometheus.yml scrapes (0: any free port).")
 @click.option("--serve", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
               callback=lambda _ctx, param, value: _finite(value, param),
               help="Keep the Prometheus endpoint up for SECONDS after the demo finishes (from training on), so a "

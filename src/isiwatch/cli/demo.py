@@ -9,6 +9,7 @@ cheapest healed depth within 1 point (``truncate --strategy auto``: ``truncated.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from ..watch.exporters.prometheus import PrometheusExporter
 
 PROBE_IMAGES = 256
+#: The port ``deploy/prometheus/prometheus.yml`` scrapes: the demo serves there unless told otherwise.
+PROMETHEUS_PORT = 9108
 
 
 def _serve(exporter: PrometheusExporter, seconds: float, echo: Callable[[str], None]) -> None:
@@ -46,6 +49,18 @@ def _serve(exporter: PrometheusExporter, seconds: float, echo: Callable[[str], N
         echo("stopped serving")
     finally:
         exporter.close()
+
+
+def _port_free(port: int) -> bool:
+    """Whether the Prometheus endpoint can listen on ``port`` of 127.0.0.1, checked before the demo writes anything
+    (the exporter itself only warns: a training run must not die of a busy port, but the demo can say so)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exporter's server: TIME_WAIT is free
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -65,7 +80,7 @@ QUICK = DemoSettings(depth=8, epochs=2, every_n_steps=8, heal_epochs=1, cut_budg
 
 
 def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", config: str | Path | None = None,
-             prometheus_port: int | None = 0, serve: float = 0, seed: int = 0,
+             prometheus_port: int | None = PROMETHEUS_PORT, serve: float = 0, seed: int = 0,
              echo: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:
     """Train with Watch, analyse, truncate, report; returns a summary dict. ``config``: Watch options
     (isiwatch.yaml) that override the demo's defaults. ``serve``: seconds to keep the Prometheus endpoint up
@@ -76,6 +91,9 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
         raise ValueError(f"serve must be a number of seconds >= 0, got {serve}")
     if serve and prometheus_port is None:
         raise ValueError("serve needs the Prometheus endpoint (a prometheus_port)")
+    if prometheus_port and not _port_free(prometheus_port):
+        raise ValueError(f"port {prometheus_port} on 127.0.0.1 is taken (another demo or training run?): pass "
+                         f"--prometheus-port P for another port (0: any free one)")
     settings = QUICK if quick else FULL
     out = Path(out)
     images, labels = embedded_digits()

@@ -24,18 +24,38 @@ def loss_value(output: Any) -> Tensor | float | None:
 
 
 class LossTap:
-    """Keeps the last loss a module returned, through a forward hook, for loops that do not hand the loss
-    to their callbacks (transformers' Trainer, timm's train.py). Outputs without a loss (the probe pass,
-    plain logits) leave the last value in place; the tensor is converted only on sampling steps."""
+    """The training loss of the last optimizer step, read from a module's outputs through a forward hook, for
+    loops that do not hand the loss to their callbacks (transformers' Trainer, timm's train.py).
+
+    Under gradient accumulation a step has several forwards; :meth:`take` combines their losses as the loop
+    itself reports them: summed when the loop passed ``num_items_in_batch`` (transformers then divides each
+    micro-batch's summed loss by the tokens of the whole step, so each is a partial sum), else averaged.
+    Outputs without a loss (the probe pass, plain logits) and forwards in eval mode (an evaluation loop) are
+    ignored; the losses are added as tensors, converted only on sampling steps."""
 
     def __init__(self, module: nn.Module):
-        self.value: Tensor | float | None = None
-        self._handle = module.register_forward_hook(self._keep)
+        self._total: Tensor | float | None = None
+        self._forwards = 0
+        self._partial = False
+        self._last: Tensor | float | None = None
+        self._handle = module.register_forward_hook(self._keep, with_kwargs=True)
 
-    def _keep(self, _module: nn.Module, _inputs: Any, output: Any) -> None:
+    def _keep(self, module: nn.Module, _args: Any, kwargs: dict[str, Any], output: Any) -> None:
         loss = loss_value(output)
-        if loss is not None:
-            self.value = loss
+        if loss is None or not module.training:
+            return
+        self._total = loss if self._total is None else self._total + loss
+        self._forwards += 1
+        self._partial = kwargs.get("num_items_in_batch") is not None
+
+    def take(self) -> Tensor | float | None:
+        """The loss of the optimizer step that just ended, and a fresh start for the next; a step without a
+        training forward (none seen since the last call) repeats the last value."""
+        if self._total is not None:
+            total, forwards = self._total, self._forwards
+            self._last = total if self._partial or forwards == 1 else total / forwards
+            self._total, self._forwards = None, 0
+        return self._last
 
     def remove(self) -> None:
         self._handle.remove()

@@ -61,18 +61,18 @@ class ISIWatchCallback(pl.Callback):
                            batch_idx: int) -> None:
         if trainer.global_step == self._step_before_batch:
             return  # an accumulating batch: no optimizer step
-        self._log(trainer, self.slot.step(trainer.global_step, loss_value(outputs)))
+        self._log(trainer, self.slot.step(trainer.global_step, loss_value(outputs)), _batch_log_step(trainer))
         if self.slot.opened.should_stop:
             trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the final sample here, not at teardown: the loggers are still open and the model still on its device
-        self._log(trainer, self.slot.finish())
+        self._log(trainer, self.slot.finish(), _batch_log_step(trainer) - 1)  # the last batch's, already counted
 
-    def _log(self, trainer: pl.Trainer, summary: dict[str, float] | None) -> None:
+    def _log(self, trainer: pl.Trainer, summary: dict[str, float] | None, step: int) -> None:
         if summary is not None:
             for logger in trainer.loggers:
-                logger.log_metrics(summary, step=trainer.global_step)
+                logger.log_metrics(summary, step=step)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.slot.close()
@@ -86,3 +86,11 @@ class ISIWatchCallback(pl.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict:
             self.slot.load_state_dict(state_dict)
+
+
+def _batch_log_step(trainer: pl.Trainer) -> int:
+    """The step under which Lightning's loggers file the current batch's ``self.log`` values (its training loop's
+    count of batches that stepped the optimizer before this one; ``global_step`` is already one further on
+    ``on_train_batch_end``), so ``isiwatch/loss`` lands on the same step as the module's own ``train_loss``."""
+    stepped = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None)  # lightning 2.x
+    return stepped if isinstance(stepped, int) else trainer.global_step - 1

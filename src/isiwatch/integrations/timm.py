@@ -140,7 +140,7 @@ class TrainScriptWatch:
 
     def _after_step(self, _optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         self.num_updates += 1
-        self.watch.step(self.num_updates, self._loss.value)
+        self.watch.step(self.num_updates, self._loss.take())
         if self.watch.should_stop:
             self.close()
             raise StopTraining(self.watch.stop_reason)

@@ -72,7 +72,7 @@ class ISIWatchCallback(TrainerCallback, ExportableState):
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
-        self._log(control, self.slot.step(state.global_step, self._loss.value if self._loss else None))
+        self._log(control, self.slot.step(state.global_step, self._loss.take() if self._loss else None))
         if self.slot.opened.should_stop:
             control.should_training_stop = True
 

@@ -61,6 +61,8 @@ class WatchOptions:
     stop_on_plateau: bool = False
     max_consecutive_failures: int = 5
     strict: bool = False
+    probe_every: int = 1
+    overhead_budget: float | None = None
 
     def __post_init__(self) -> None:
         """Direct construction gets the same type and range checks as YAML and ``Watch(**options)``."""
@@ -104,6 +106,10 @@ def _finite(v: object) -> str | None:
     return None if not isinstance(v, float) or math.isfinite(v) else f"must be a finite number, got {v}"
 
 
+def _fraction(v: object) -> str | None:
+    return None if not isinstance(v, float) or 0 < v < 1 else f"must be a fraction between 0 and 1, got {v}"
+
+
 def _port(v: object) -> str | None:
     return None if not isinstance(v, int) or 0 <= v <= 65535 else f"must be a port 0-65535, got {v}"
 
@@ -131,7 +137,8 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "history_size": _at_least(1), "heatmap_every": _at_least(1), "isi_stall_window": _at_least(2),
     "isi_stall_min_rise": _finite, "isi_stall_min_loss_drop": _finite, "norm_friction_threshold": _finite,
     "mode": _one_of(("min", "max")), "min_delta": _finite, "patience": _at_least(0), "warmup": _at_least(0),
-    "stopping_threshold": _finite, "divergence_threshold": _finite,
+    "stopping_threshold": _finite, "divergence_threshold": _finite, "probe_every": _at_least(1),
+    "overhead_budget": _fraction,
 }
 
 

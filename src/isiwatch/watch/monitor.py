@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import gc
 import logging
+import math
 import time
 import uuid
 from collections import deque
@@ -104,7 +105,17 @@ class Watch:
       more :class:`~isiwatch.watch.exporters.Exporter` instances (MLflow, W&B or your own), called after the
       built-in ones (kept in :attr:`exporters`);
     - faults: ``max_consecutive_failures`` (failed samples in a row after which the Watch disables itself),
-      ``strict`` (re-raise instead, for tests and debugging).
+      ``strict`` (re-raise instead, for tests and debugging);
+    - cost: ``probe_every`` (the linear probes, the costliest metric, on every k-th sample only; the others
+      carry no probe series), ``overhead_budget`` (opt-in, e.g. 0.005: the Watch stretches its sampling interval,
+      in multiples of ``every_n_steps``, to keep its overhead ratio under this fraction of training time, and
+      shortens it again, never below ``every_n_steps``, when there is room; each change is logged, and the
+      interval in effect, :attr:`interval`, is saved in :meth:`state_dict`).
+
+    Every sample measures the Watch's own cost (:attr:`Sample.overhead_s <isiwatch.watch.sample.Sample>` and
+    its ratio to the training time between samples), exported as the ``overhead/sample_seconds`` and
+    ``overhead/ratio`` series (TensorBoard, ``metrics.jsonl``, Prometheus ``isiwatch_overhead_ratio``, the
+    MLflow and W&B exporters).
 
     The options, the probe batch (shape, labels, channels against the model's patch embedding) and the names
     in ``monitor`` and ``phase_metric`` (against :attr:`series_names`, the series this model's samples hold)
@@ -183,6 +194,12 @@ class Watch:
         #: Set once ``max_consecutive_failures`` samples in a row failed: ``step`` does nothing after that.
         self.disabled = False
         self._failed_in_a_row = 0
+        #: Steps between samples now: ``every_n_steps``, or a multiple of it under ``overhead_budget``.
+        self.interval = opts.every_n_steps
+        self._samples_taken = 0  # measured samples in this process: probe_every counts them
+        self._last_end: float | None = None  # perf_counter() when the previous sample's work ended
+        self._after_measure_s = 0.0  # the previous sample's work after its measurement, charged to the next
+        self._measured_at: float | None = None
 
     @property
     def prometheus(self) -> PrometheusExporter | None:
@@ -252,66 +269,125 @@ class Watch:
         and the ``loss`` series. Returns the alert records emitted at this step.
         """
         self._seen_step, self._seen_loss = global_step, loss
-        if global_step % self.options.every_n_steps or global_step == self.last_step:
+        if global_step % self.interval or global_step == self.last_step:
             return []
         return self.sample(global_step, loss)
 
     def finish(self) -> list[Alert]:
         """Sample the last step passed to :meth:`step` unless it was sampled: the final weights are always in the
-        record, and a run shorter than ``every_n_steps`` has one sample, not none. Early stopping is not
-        updated (training is over, and ``stop_reason`` must not claim a stop that did not happen).
+        record, and a run shorter than ``every_n_steps`` has one sample, not none.
+
+        The final sample is recorded and exported, but updates no policy: not early stopping (training is over,
+        and ``stop_reason`` must not claim a stop that did not happen), and neither the alert episodes nor onset
+        tracking. The frameworks write their last checkpoint before it, so a run resumed from that checkpoint
+        would repeat an opening or a clearing the final sample had recorded. Returns no alert records.
         :meth:`close` calls it; the integrations call it earlier, while the framework's loggers are open."""
         if self._seen_step is None or self._seen_step == self.last_step:
             return []
-        return self._sample(self._seen_step, self._seen_loss, stopping=False)
+        return self._sample(self._seen_step, self._seen_loss, policies=False)
 
     def sample(self, global_step: int, loss: float | Tensor | None = None) -> list[Alert]:
         """Run one probe pass now, regardless of ``every_n_steps``."""
-        return self._sample(global_step, loss, stopping=True)
+        return self._sample(global_step, loss, policies=True)
 
-    def _sample(self, global_step: int, loss: float | Tensor | None, stopping: bool) -> list[Alert]:
+    def _sample(self, global_step: int, loss: float | Tensor | None, policies: bool) -> list[Alert]:
         if self.disabled:
             return []
+        begin = time.perf_counter()
+        try:
+            return self._sample_now(global_step, loss, policies, begin)
+        finally:
+            self._last_end = time.perf_counter()
+            if self._measured_at is not None:  # what this sample did after measuring is charged to the next
+                self._after_measure_s += self._last_end - self._measured_at
+                self._measured_at = None
+
+    def _sample_now(self, global_step: int, loss: float | Tensor | None, policies: bool,
+                    begin: float) -> list[Alert]:
+        """One sample; ``policies``: also update onset tracking, alert episodes, early stopping and the interval
+        (all but the final sample)."""
         self.last_step = global_step
+        probes = self._samples_taken % self.options.probe_every == 0
         failure: Exception | None = None
         try:
-            sample = self._measure(global_step, loss)
+            sample = self._measure(global_step, loss, probes)
         except Exception as exc:
             if self.options.strict:
                 raise
             failure = exc
+        measured = time.perf_counter()
+        self._charge(sample if failure is None else None, begin, measured)
         # every rank takes part in the same collectives in the same order, whatever failed where
         if self._any_rank(failure is not None):
             return self._skip(global_step, failure or "it failed on another rank")
+        self._samples_taken += 1
         self._failed_in_a_row = 0
         self.faults.recovered("probe pass", global_step)
         self.history.append(sample)
+        alerts = self._update_policies(sample, probes) if policies else []
+        self._each("write_sample", sample, self._context())
+        return alerts
+
+    def _update_policies(self, sample: Sample, probes: bool) -> list[Alert]:
+        """Onset tracking, alert episodes, early stopping and the budget's interval, updated with ``sample``
+        (``probes``: it has its linear probes); the alert records emitted."""
         try:
-            self.tracker.update(global_step, sample.phases)
-            alerts = self.alerts.update(global_step, self.rules.conditions(sample, self.tracker))
-            reason = self._stop_reason(sample) if stopping else None
+            self.tracker.update(sample.step, sample.phases)
+            alerts = self.alerts.update(sample.step, self.rules.conditions(sample, self.tracker))
+            reason = self._stop_reason(sample, probes)
         except Exception as exc:
             if self.options.strict:
                 raise
-            self.faults.failed("alert rules", global_step, exc)
+            self.faults.failed("alert rules", sample.step, exc)
             alerts, reason = [], None
-        if stopping and self._any_rank(reason is not None) and not self.should_stop:
+        if self._any_rank(reason is not None) and not self.should_stop:
             self.should_stop = True
             self.stop_reason = reason or "another rank requested the stop"
             self.alerts.dispatch(Alert("early_stop", sample.step, time.time(), self.run, "warning",
                                        f"stopping training: {self.stop_reason}"))
-        self._each("write_sample", sample, self._context())
+        if self.options.overhead_budget is not None:
+            self._fit_budget(sample.overhead_ratio, self.options.overhead_budget)
         return alerts
 
-    def _measure(self, global_step: int, loss: float | Tensor | None) -> Sample:
-        """The probe pass and everything computed from it. An out-of-memory error frees what the pass held and
-        retries once in chunks a quarter the size."""
+    def _charge(self, sample: Sample | None, begin: float, measured: float) -> None:
+        """Set ``sample``'s overhead (see :class:`~isiwatch.watch.sample.Sample`): its measurement plus the
+        previous sample's work after measuring, over the training time since the previous sample ended. Called
+        before anything reads the sample's series; a failed sample's cost is carried to the next."""
+        cost = measured - begin + self._after_measure_s
+        self._measured_at = measured
+        if sample is None:
+            self._after_measure_s = cost
+            return
+        sample.overhead_s = cost
+        if self._last_end is not None:
+            sample.overhead_ratio = cost / max(begin - self._last_end, 1e-9)
+        self._after_measure_s = 0.0
+
+    def _fit_budget(self, ratio: float | None, budget: float) -> None:
+        """Stretch (or shorten, with hysteresis: only to half or less) :attr:`interval` so the overhead ratio
+        stays under ``budget``, in multiples of ``every_n_steps``. Under torch.distributed every rank takes the
+        longest interval any rank asks for (one all-reduce, on sampling steps only)."""
+        base = self.options.every_n_steps
+        wanted = self.interval
+        if ratio is not None and math.isfinite(ratio):
+            needed = base * math.ceil(self.interval * ratio / budget / base)
+            if needed > self.interval or needed <= self.interval // 2:
+                wanted = max(base, needed)
+        wanted = int(self._max_over_ranks(float(wanted)))
+        if wanted != self.interval:
+            logger.info("isiwatch: overhead ratio %.4f against a budget of %.4f: sampling every %d steps instead "
+                        "of %d", ratio if ratio is not None else math.nan, budget, wanted, self.interval)
+            self.interval = wanted
+
+    def _measure(self, global_step: int, loss: float | Tensor | None, probes: bool = True) -> Sample:
+        """The probe pass and everything computed from it (the linear probes only when ``probes``). An
+        out-of-memory error frees what the pass held and retries once in chunks a quarter the size."""
         if loss is not None:
             loss = float(loss.detach() if isinstance(loss, Tensor) else loss) * self.loss_scale
         start = time.perf_counter()
         chunk = self.options.probe_batch_size
         try:
-            analysis = self._analyze(chunk)
+            analysis = self._analyze(chunk, probes)
         except torch.OutOfMemoryError:
             smaller = max(4 if self.options.with_isi_recon else 1, chunk // 4)
             if smaller >= chunk:
@@ -320,14 +396,15 @@ class Watch:
         if analysis is None:
             _free_memory()
             logger.info("isiwatch: the probe pass ran out of memory; retrying in chunks of %d images", smaller)
-            analysis = self._analyze(smaller)
+            analysis = self._analyze(smaller, probes)
         recommendation = recommend_depth(analysis)
         return Sample(global_step, time.time(), analysis.layers, analysis.phases, time.perf_counter() - start,
                       loss, recommendation)
 
-    def _analyze(self, batch_size: int) -> Analysis:
+    def _analyze(self, batch_size: int, probes: bool) -> Analysis:
         opts = self.options
-        return analyze(self._probe_model, self.probe_images, self.probe_labels, batch_size=batch_size,
+        labels = self.probe_labels if probes else None
+        return analyze(self._probe_model, self.probe_images, labels, batch_size=batch_size,
                        with_isi_recon=opts.with_isi_recon, phase_metric=opts.phase_metric,
                        phase_options={"min_layers": opts.min_layers}, parts=self._parts)
 
@@ -343,22 +420,29 @@ class Watch:
                                      f"row; training continues unmonitored", {"source": "watch", "disabled": True}))
         return []
 
-    def _stop_reason(self, sample: Sample) -> str | None:
-        """Update the early-stopping policies with ``sample``; the first reason to stop, if any."""
+    def _stop_reason(self, sample: Sample, probes: bool) -> str | None:
+        """Update the early-stopping policies with ``sample`` (a sample without its probes, under
+        ``probe_every``, leaves the plateau rule, which reads the probe accuracy, as it was); the first reason to
+        stop, if any."""
         series = sample.series()
         reasons = [stopper.update(series.get(stopper.monitor)) for stopper in self.stoppers]
-        if self.plateau_stopper is not None:
+        if self.plateau_stopper is not None and probes:
             reasons.append(self.plateau_stopper.update(sample.phases, sample.last_layer_accuracy()))
         return next((r for r in reasons if r), None)
 
     def _any_rank(self, flag: bool) -> bool:
         """Every rank gets the same answer: whether ``flag`` is set on any rank (one all-reduce when distributed)."""
+        return bool(self._max_over_ranks(float(flag)))
+
+    def _max_over_ranks(self, value: float) -> float:
+        """The largest ``value`` over all ranks (one all-reduce when distributed; call it on every rank at the same
+        point of the same sample, never between samples, where it could meet the model's own collectives)."""
         if not _distributed():
-            return flag
+            return value
         device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
-        value = torch.tensor([float(flag)], device=device)
-        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
-        return bool(value.item())
+        tensor = torch.tensor([value], device=device)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return float(tensor.item())
 
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -367,7 +451,7 @@ class Watch:
                 "stop_reason": self.stop_reason, "tracker": self.tracker.state_dict(),
                 "alerts": self._alert_state(), "stoppers": [s.state_dict() for s in self.stoppers],
                 "plateau_stopper": self.plateau_stopper.state_dict() if self.plateau_stopper else None,
-                "isi_stall": [list(p) for p in self.rules.stall]}
+                "isi_stall": [list(p) for p in self.rules.stall], "interval": self.interval}
 
     def _alert_state(self) -> dict[str, Any]:
         """The alert episodes to resume, less ``monitor_error``: a fault belongs to this process, not the run."""
@@ -395,6 +479,12 @@ class Watch:
         if not isinstance(run, str) or not run:
             raise ValueError(f"invalid Watch state: 'run' must be a non-empty string, got {run!r}")
         run = self.options.run_name or run  # an explicit run_name wins over the saved one
+        interval = state.get("interval", self.options.every_n_steps)  # absent in states saved before it existed
+        if not is_count(interval) or interval < 1:
+            raise ValueError(f"invalid Watch state: 'interval' must be an int >= 1, got {interval!r}")
+        # the budget's stretched interval carries over, as a multiple of this run's every_n_steps
+        base = self.options.every_n_steps
+        interval = base * max(1, math.ceil(interval / base)) if self.options.overhead_budget is not None else base
         tracker, stoppers, plateau_stopper = self._new_policies()
         alerts = AlertEngine(run)
         tracker.load_state_dict(s["tracker"], "Watch state['tracker']")
@@ -409,6 +499,7 @@ class Watch:
         self.tracker, self.stoppers, self.plateau_stopper = tracker, stoppers, plateau_stopper
         self.alerts.active = alerts.active | (self.alerts.active & {FAULT_KIND})
         self.alerts.opened = {**alerts.opened, **{k: v for k, v in self.alerts.opened.items() if k == FAULT_KIND}}
+        self.interval = interval
         self.rules.stall.clear()
         self.rules.stall.extend((float(i), float(loss)) for i, loss in s["isi_stall"])
 

@@ -14,19 +14,27 @@ from ..measure.phases import Phases
 
 #: The plateau series every sample holds.
 PLATEAU_SERIES = ("plateau/detected", "plateau/start", "plateau/end", "plateau/length")
+#: The Watch's own cost (:attr:`Sample.overhead_s`, :attr:`Sample.overhead_ratio`), when measured.
+OVERHEAD_SERIES = ("overhead/sample_seconds", "overhead/ratio")
 
 
 def series_names(metrics: Iterable[str], depth: int) -> set[str]:
     """Every name :meth:`Sample.series` can hold for samples with per-layer ``metrics`` over ``depth`` blocks
     (``loss`` included: it is there whenever the caller passes a loss)."""
     per_metric = ("last", "mean", *(f"layer_{i:02d}" for i in range(depth)))
-    return {f"{m}/{s}" for m in metrics for s in per_metric} | {*PLATEAU_SERIES, "recommended_depth", "loss"}
+    return {f"{m}/{s}" for m in metrics for s in per_metric} | {*PLATEAU_SERIES, *OVERHEAD_SERIES,
+                                                                "recommended_depth", "loss"}
 
 
 @dataclass
 class Sample:
     """Per-layer curves at training ``step``; ``duration_s`` is the probe pass + metrics wall time;
-    ``recommendation`` the depth :func:`isiwatch.measure.depth.recommend_depth` reads from these curves."""
+    ``recommendation`` the depth :func:`isiwatch.measure.depth.recommend_depth` reads from these curves.
+
+    ``overhead_s`` is the Watch's wall time charged to this sample, in seconds: its probe pass and metrics plus
+    what the previous sample did after its own (alert rules, stopping, exports: heat-maps included), so every
+    second the Watch takes is counted once. ``overhead_ratio`` is ``overhead_s`` over the training wall time
+    since the previous sample ended (None at the first sample of a process, which has no previous one)."""
 
     step: int
     time: float
@@ -35,6 +43,8 @@ class Sample:
     duration_s: float
     loss: float | None = None
     recommendation: DepthRecommendation | None = None
+    overhead_s: float | None = None
+    overhead_ratio: float | None = None
 
     @property
     def depth(self) -> int:
@@ -48,7 +58,8 @@ class Sample:
     @functools.cached_property
     def _series(self) -> dict[str, float]:
         """Flat named series for early stopping and export: ``<metric>/layer_<ll>``, ``<metric>/last``,
-        ``<metric>/mean``, ``plateau/{detected,start,end,length}``, ``recommended_depth`` and ``loss``."""
+        ``<metric>/mean``, ``plateau/{detected,start,end,length}``, ``recommended_depth``, ``loss`` and
+        ``overhead/{sample_seconds,ratio}``."""
         out: dict[str, float] = {}
         for metric, values in self.layers.items():
             for i, v in enumerate(values):
@@ -64,6 +75,10 @@ class Sample:
             out["recommended_depth"] = float(self.recommendation.depth)
         if self.loss is not None:
             out["loss"] = self.loss
+        if self.overhead_s is not None:
+            out["overhead/sample_seconds"] = self.overhead_s
+        if self.overhead_ratio is not None:
+            out["overhead/ratio"] = self.overhead_ratio
         return out
 
     def last_layer_accuracy(self) -> float | None:
@@ -75,7 +90,7 @@ class Sample:
 
     def to_dict(self, run: str) -> dict[str, Any]:
         return {"step": self.step, "time": self.time, "run": run, "loss": finite_or_none(self.loss),
-                "duration_s": self.duration_s,
+                "duration_s": self.duration_s, "overhead_s": self.overhead_s, "overhead_ratio": self.overhead_ratio,
                 "layers": {m: [finite_or_none(v) for v in vals] for m, vals in self.layers.items()},
                 "phases": self.phases.to_dict() if self.phases else None,
                 "recommendation": self.recommendation.to_dict() if self.recommendation else None}

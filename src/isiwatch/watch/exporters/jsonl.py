@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,15 +23,23 @@ class JsonlExporter(Exporter):
 
     def __init__(self, log_dir: str | Path):
         self.dir = Path(log_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self._files: dict[str, TextIO] = {}
         for name in ("metrics.jsonl", "alerts.jsonl"):  # fail at construction, not at the first sample
             self._file(name)
 
     def _file(self, name: str) -> TextIO:
-        if name not in self._files:
-            self._files[name] = open(self.dir / name, "a", encoding="utf-8")
-        return self._files[name]
+        """The open file ``name``; opened (``log_dir`` re-created if it was deleted) when it is not, or when the
+        open one is no longer at its path: writing on into a deleted file would lose every record silently."""
+        path = self.dir / name
+        fh = self._files.get(name)
+        if fh is not None and not os.path.exists(path):
+            self._files.pop(name)
+            fh.close()
+            raise FileNotFoundError(errno.ENOENT, f"{path} was deleted mid-run; the next sample writes it anew")
+        if fh is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fh = self._files[name] = open(path, "a", encoding="utf-8")
+        return fh
 
     def _write(self, name: str, record: dict[str, Any]) -> None:
         """One line, written whole or not at all: after a failed write (a full disk) the file is closed and

@@ -28,7 +28,7 @@ EXPORTED_NAMES = (
     "isiwatch_plateau_onset_start_layer", "isiwatch_plateau_onset_end_layer", "isiwatch_alerts_total",
     "isiwatch_alert_active", "isiwatch_alert_start_step", "isiwatch_last_sample_timestamp_seconds",
     "isiwatch_sample_duration_seconds", "isiwatch_training_step", "isiwatch_training_loss",
-    "isiwatch_stop_requested", "isiwatch_recommended_depth",
+    "isiwatch_stop_requested", "isiwatch_recommended_depth", "isiwatch_overhead_seconds", "isiwatch_overhead_ratio",
 )
 
 
@@ -96,6 +96,12 @@ class PrometheusExporter(Exporter):
         self.recommended_depth = Gauge("isiwatch_recommended_depth",
                                        "Blocks the model needs (isiwatch.measure.depth.recommend_depth)", run_label,
                                        registry=r)
+        self.overhead_seconds = Gauge("isiwatch_overhead_seconds",
+                                      "The Watch's wall time charged to the last sample (its probe pass and metrics "
+                                      "plus the previous sample's exports)", run_label, registry=r)
+        self.overhead_ratio = Gauge("isiwatch_overhead_ratio",
+                                    "isiwatch_overhead_seconds over the training wall time since the previous sample",
+                                    run_label, registry=r)
         self.server = None
         if port is not None:
             try:
@@ -133,6 +139,10 @@ class PrometheusExporter(Exporter):
         self.stop.labels(self.run).set(int(context.stop_requested))
         if sample.recommendation is not None:
             self.recommended_depth.labels(self.run).set(sample.recommendation.depth)
+        if sample.overhead_s is not None:
+            self.overhead_seconds.labels(self.run).set(sample.overhead_s)
+        if sample.overhead_ratio is not None:
+            self.overhead_ratio.labels(self.run).set(sample.overhead_ratio)
         self.publish()
 
     def rename(self, run: str) -> None:
@@ -149,7 +159,8 @@ class PrometheusExporter(Exporter):
         by_kind = (self.alerts_total, self.alert_active, self.alert_start)
         for metric in (self.layer_metric, *by_kind, self.plateau_detected, self.plateau_start, self.plateau_end,
                        self.plateau_length, self.onset_step, self.onset_start, self.onset_end, self.last_sample,
-                       self.duration, self.step, self.loss, self.stop, self.recommended_depth):
+                       self.duration, self.step, self.loss, self.stop, self.recommended_depth, self.overhead_seconds,
+                       self.overhead_ratio):
             names = ("run", "layer", "metric") if metric is self.layer_metric else (
                 ("run", "kind") if metric in by_kind else ("run",))  # as declared above
             published = {tuple(s.labels[n] for n in names) for family in metric.collect() for s in family.samples

@@ -1,17 +1,24 @@
 """TensorBoard: per-layer scalars, plateau summary, a custom-scalar layout, depth × step heat-maps, alerts.
 
 Tags: ``isiwatch/<metric>/layer_<ll>``, ``isiwatch/plateau/{start,end,length}``,
-``isiwatch/recommended_depth`` (blocks :func:`isiwatch.measure.depth.recommend_depth` keeps), heat-map images
-``isiwatch/heatmap/<metric>`` (:func:`isiwatch.measure.plots.heatmap_figure`: blocks × training step over the kept
-history, colour scaled to the metric's range over the shown samples) and alert text under ``isiwatch/alerts``.
+``isiwatch/recommended_depth`` (blocks :func:`isiwatch.measure.depth.recommend_depth` keeps),
+``isiwatch/overhead/{sample_seconds,ratio}`` (the Watch's own cost), heat-map images ``isiwatch/heatmap/<metric>``
+(:func:`isiwatch.measure.plots.heatmap_figure`: blocks × training step over the kept history, colour scaled to the
+metric's range over the shown samples) and alert text under ``isiwatch/alerts``.
+
+Heat-maps are rendered on a background thread (a render of a long history takes longer than a probe pass), and
+written by the next sample; the close renders the final history once more (training is over by then).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ...measure.plots import heatmap_figure
 from ..alerts import Alert
@@ -23,7 +30,8 @@ if TYPE_CHECKING:
 
 
 class TensorBoardExporter(Exporter):
-    """Writes through ``torch.utils.tensorboard.SummaryWriter``; heat-maps every ``heatmap_every`` samples.
+    """Writes through ``torch.utils.tensorboard.SummaryWriter``; heat-maps every ``heatmap_every`` samples (a
+    render still running when the next is due is left to finish, and that one skipped).
 
     Args:
         log_dir: The folder of the event files.
@@ -36,6 +44,8 @@ class TensorBoardExporter(Exporter):
         self._writer: SummaryWriter | None = None
         self._layout_written = False
         self._samples = 0
+        self._render: threading.Thread | None = None
+        self._rendered: tuple[int, dict[str, np.ndarray]] | None = None  # step, RGB image per metric
         self.writer  # noqa: B018  (open the event file now: a log_dir that cannot hold one fails at construction)
 
     @property
@@ -86,20 +96,47 @@ class TensorBoardExporter(Exporter):
         for name, value in present_series(sample).items():
             self.writer.add_scalar(f"isiwatch/{name}", value, sample.step, walltime=sample.time)
         self.writer.add_scalar("isiwatch/sample_duration_seconds", sample.duration_s, sample.step)
+        self._write_rendered()
         self._samples += 1
-        if self._samples % self.heatmap_every == 0:
-            self.write_heatmaps(context.history)
+        if self._samples % self.heatmap_every == 0 and self._render is None and context.history:
+            self._render = threading.Thread(target=self._render_heatmaps, args=(tuple(context.history),),
+                                            name="isiwatch-heatmaps", daemon=True)
+            self._render.start()
         self.writer.flush()
 
-    def write_heatmaps(self, history: Sequence[Sample]) -> None:
-        if not history:
+    def _render_heatmaps(self, history: Sequence[Sample]) -> None:
+        """Render ``history``'s heat-maps into :attr:`_rendered`, on the render thread (the writer is left to the
+        training thread)."""
+        self._rendered = (history[-1].step, heatmap_images(history))
+
+    def wait_for_heatmaps(self) -> None:
+        """Wait for a heat-map render in flight, if any, and write it: for a reader of the event file mid-run
+        (the close does it itself)."""
+        self._write_rendered(wait=True)
+
+    def _write_rendered(self, wait: bool = False) -> None:
+        """Write the heat-maps of a finished render, if any (``wait``: of the one running, once it finishes)."""
+        if self._render is None or (self._render.is_alive() and not wait):
             return
-        last = history[-1]
-        for metric in last.layers:
-            shown = [s for s in history if s.depth == last.depth]
-            rows = [s.layers.get(metric, [math.nan] * last.depth) for s in shown]
-            figure = heatmap_figure([s.step for s in shown], {metric: rows})
-            self.writer.add_figure(f"isiwatch/heatmap/{metric}", figure, last.step)
+        self._render.join()
+        self._render = None
+        rendered, self._rendered = self._rendered, None
+        if rendered is not None:
+            self._add_images(*rendered)
+
+    def _add_images(self, step: int, images: dict[str, np.ndarray]) -> None:
+        for metric, image in images.items():
+            self.writer.add_image(f"isiwatch/heatmap/{metric}", image, step, dataformats="HWC")
+
+    def write_heatmaps(self, history: Sequence[Sample]) -> None:
+        """Render and write ``history``'s heat-maps now, on the caller's thread, after any render still running.
+
+        Args:
+            history: The samples to show, oldest first.
+        """
+        self.wait_for_heatmaps()
+        if history:
+            self._add_images(history[-1].step, heatmap_images(history))
 
     def write_alert(self, alert: Alert) -> None:
         try:
@@ -111,6 +148,7 @@ class TensorBoardExporter(Exporter):
             raise
 
     def close(self, context: SampleContext) -> None:
+        """Write the final heat-maps, then close the event file."""
         try:
             self.write_heatmaps(context.history)
         finally:
@@ -118,3 +156,24 @@ class TensorBoardExporter(Exporter):
             if writer is not None:
                 self._writer = writer
                 self._drop_writer()
+
+
+def heatmap_images(history: Sequence[Sample]) -> dict[str, np.ndarray]:
+    """One RGB image (H, W, 3 uint8) per metric of the last sample: :func:`~isiwatch.measure.plots.heatmap_figure`
+    over the samples of the last sample's depth, drawn with Agg (no pyplot, so any thread may call it).
+
+    Args:
+        history: The samples, oldest first (not empty); a sample without a metric (the probes under
+            ``probe_every``) is a blank column.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    last = history[-1]
+    shown = [s for s in history if s.depth == last.depth]
+    images = {}
+    for metric in last.layers:
+        rows = [s.layers.get(metric, [math.nan] * last.depth) for s in shown]
+        canvas = FigureCanvasAgg(heatmap_figure([s.step for s in shown], {metric: rows}))
+        canvas.draw()  # type: ignore[no-untyped-call]
+        images[metric] = np.asarray(canvas.buffer_rgba())[..., :3].copy()  # type: ignore[no-untyped-call]
+    return images
