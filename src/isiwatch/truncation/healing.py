@@ -154,8 +154,8 @@ def train_classifier(
         raise ValueError(f"unknown schedule {schedule!r} (use 'onecycle' or 'cosine')")
     order_gen = torch.Generator().manual_seed(seed)
     step = 0
-    bar = tqdm(total=total, desc=desc, disable=not progress or (fabric is not None and not fabric.is_global_zero),
-               leave=False)
+    quiet = not progress or total == 0 or (fabric is not None and not fabric.is_global_zero)
+    bar = tqdm(total=total, desc=desc, disable=quiet, leave=False)
     try:
         for _ in range(epochs):
             for x, y in _batches(images, labels, batch_size, order_gen):
