@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from .._utils.threads import usable_cpus
 from .checkpoint import AUGMENT_ARGS, DATA_ARGS
 from .data import MNIST_MEAN, MNIST_STD, DataError, DataOptionError, per_channel
 from .model_images import model_input
@@ -65,14 +66,15 @@ class DataConfig:
 
     def transform(self, training: bool) -> Callable[[Image.Image], Tensor]:
         """timm's train-time transform (with the recorded augmentation) or its evaluation transform."""
-        from timm.data import create_transform
+        from timm.data.transforms_factory import create_transform
 
-        common = {"input_size": self.input_size, "mean": self.mean, "std": self.std}
-        if not training:
-            return create_transform(**common, interpolation=self.interpolation, crop_pct=self.crop_pct,
-                                    crop_mode=self.crop_mode)
-        augment = self.augment or {"no_aug": True}
-        return create_transform(**common, is_training=True, **{"interpolation": self.interpolation, **augment})
+        common: dict[str, Any] = {"input_size": self.input_size, "mean": self.mean, "std": self.std}
+        if training:
+            options = {"is_training": True, "interpolation": self.interpolation, **(self.augment or {"no_aug": True})}
+        else:
+            options = {"interpolation": self.interpolation, "crop_pct": self.crop_pct, "crop_mode": self.crop_mode}
+        transform: Callable[[Image.Image], Tensor] = create_transform(**common, **options)
+        return transform
 
     def pretrained_cfg(self) -> dict[str, Any]:
         """The ``pretrained_cfg`` entries that make ``timm.data.resolve_data_config(model=...)`` return this config
@@ -128,9 +130,9 @@ def resolve_data_config(model: nn.Module, data: str, recorded: Mapping[str, Any]
         args["mean"] = args["std"] = None
         cfg = getattr(model, "pretrained_cfg", None) or {}
         source = "pretrained_cfg" if cfg.get("mean") else "timm default"
-    from timm.data import resolve_data_config as timm_resolve
+    from timm.data.config import resolve_data_config as timm_resolve
 
-    config = timm_resolve(args=args, model=model)
+    config = timm_resolve(args=args, model=model)  # type: ignore[no-untyped-call]  # timm leaves it untyped
     size = tuple(int(v) for v in config["input_size"])
     return DataConfig((size[0], size[1], size[2]), str(config["interpolation"]),
                       _channels(config["mean"], size[0]), _channels(config["std"], size[0]),
@@ -157,7 +159,7 @@ class TimmSource(ImageSource):
     """A dataset of ``timm.data.create_dataset``: a folder tree (one sub-folder per class) or a tar file of one."""
 
     def __init__(self, root: str | Path):
-        from timm.data import create_dataset
+        from timm.data.dataset_factory import create_dataset
 
         root = Path(root)
         if not root.exists():
@@ -189,6 +191,8 @@ class TimmSource(ImageSource):
                 return image.convert(mode)
         except Image.DecompressionBombError as exc:
             raise DataError(f"{name}: refused, too many pixels ({exc})") from None
+        except UnidentifiedImageError:
+            raise DataError(f"{name}: not an image file PIL can read") from None
         except (OSError, ValueError, SyntaxError) as exc:  # PIL: UnidentifiedImageError, truncated files
             raise DataError(f"{name}: unreadable image ({exc})") from None
 
@@ -250,8 +254,9 @@ def loader(dataset: Dataset[Any], *, batch_size: int = DEFAULT_BATCH_SIZE, worke
            shuffle: bool = False, seed: int = 0) -> DataLoader[Any]:
     """A DataLoader over ``dataset``: ``workers`` processes read and transform images (0: in this process), started
     for each pass (a search reads several loaders in turn; none keeps idle workers); with ``shuffle``, a seeded
-    order each epoch."""
+    order each epoch. Workers beyond the usable CPU cores are not started."""
     generator = torch.Generator().manual_seed(seed) if shuffle else None
+    workers = min(workers, usable_cpus())  # more than the usable cores only slows reading down
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers, generator=generator)
 
 

@@ -22,6 +22,7 @@ from ..io.timm_data import (
     ImageSource,
     image_source,
     loader,
+    resolve_data_config,
 )
 from .classifier_layout import num_classes
 from .engine import ShardedLoader
@@ -103,7 +104,7 @@ def _parts(data: Data, config: DataConfig | None, holdout: bool) -> tuple[_Part,
     last HELD_OUT_FRACTION of a fixed shuffle of a timm dataset, of tensors or a DataLoader's dataset in order);
     and how many images ``data`` has."""
     if isinstance(data, (str, Path)):
-        assert config is not None  # plan() resolves one for images read from a name or a folder
+        assert config is not None  # load_split resolves one for images read from a name or a folder
         source: ImageSource = image_source(data)
         order = (list(range(len(source))) if str(data) == "mnist"
                  else torch.randperm(len(source), generator=torch.Generator().manual_seed(0)).tolist())
@@ -131,8 +132,8 @@ def load_split(model: nn.Module, data: Data, eval_data: Data | None = None, conf
                batch_size: int = DEFAULT_BATCH_SIZE, workers: int = DEFAULT_WORKERS, seed: int = 0,
                fabric: Fabric | None = None) -> Split:
     """Healing, validation and test images; those read from a name or a folder are preprocessed as ``config``
-    says (:func:`~isiwatch.io.timm_data.resolve_data_config`), tensors and DataLoaders are taken as they are
-    (model-ready; a DataLoader's batch size and workers are kept).
+    says (default: :func:`~isiwatch.io.timm_data.resolve_data_config` of the model alone), tensors and
+    DataLoaders are taken as they are (model-ready; a DataLoader's batch size and workers are kept).
 
     With ``eval_data``, or when ``data`` has ``train/`` and ``validation/`` (or ``val/``) sub-folders (timm
     ``train.py``'s layout), all of ``data`` (its ``train/``) heals and the evaluation images are halved into
@@ -141,6 +142,8 @@ def load_split(model: nn.Module, data: Data, eval_data: Data | None = None, conf
     DataLoader by holding out their last HELD_OUT_FRACTION; the held-out images are halved into validation and
     test. With ``fabric`` every loader is set up by it (each process reads a shard).
     """
+    if config is None and isinstance(data, (str, Path)):
+        config = resolve_data_config(model, str(data))
     layout = train_val_dirs(str(data)) if eval_data is None and isinstance(data, (str, Path)) and data != "mnist" \
         else None
     heal_data, eval_data = (str(layout[0]), str(layout[1])) if layout else (data, eval_data)

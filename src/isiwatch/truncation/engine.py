@@ -5,12 +5,12 @@ process 0 alone writes."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._utils.option_error import OptionError
+from .._utils.threads import usable_cpus
 
 if TYPE_CHECKING:  # torch and lightning load when used: the command line imports this module for its choices
     from lightning.fabric import Fabric
@@ -55,7 +55,7 @@ class FabricOptions:
         accelerator = self.accelerator
         if accelerator == "auto":
             accelerator = "cuda" if torch.cuda.is_available() else "cpu"
-        available = torch.cuda.device_count() if accelerator == "cuda" else (os.cpu_count() or 1)
+        available = torch.cuda.device_count() if accelerator == "cuda" else usable_cpus()
         if self.devices > available:
             raise OptionError("{devices} {count}: this machine has {available} {kind}", count=self.devices,
                               available=available, kind="CUDA devices" if accelerator == "cuda" else "CPU cores")

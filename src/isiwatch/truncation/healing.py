@@ -135,7 +135,7 @@ def train_classifier(
         optimizer = torch.optim.AdamW(chosen, lr=lr, weight_decay=weight_decay)
         device = next(model.parameters()).device
         autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp and device.type == "cuda")
-        backward: Callable[[Tensor], None] = lambda loss: loss.backward()  # noqa: E731
+        backward: Callable[[Tensor], None] = Tensor.backward
     else:  # a copy trains (Fabric may shard its parameters); its full weights are loaded into model at the end
         names = {id(p): name for name, p in model.named_parameters()}
         work = copy.deepcopy(model)
