@@ -94,6 +94,8 @@ def test_uncut_accuracy_equals_timm_validate_py_on_the_same_folder(folders, trai
     expected, pairs = validate_py(model, folders / "validation", args)
     assert report["accuracy"]["uncut"] == pytest.approx(expected, abs=1e-6)  # float32 mean of 30
     assert len({p for _, p in pairs.elements()}) > 1  # predictions differ by image: the check is not vacuous
+    assert ("--input-size 1 28 28 --mean 0.5 --std 0.5 --interpolation bicubic --crop-pct 0.875"
+            in report["validate_command"])  # timm validate.py's flags for the cut file
     norm = report["normalization"]
     assert (norm["mean"], norm["std"], norm["source"]) == ([0.5], [0.5], "pretrained_cfg")
     assert (norm["interpolation"], norm["crop_pct"], norm["input_size"]) == ("bicubic", 0.875, [1, 28, 28])

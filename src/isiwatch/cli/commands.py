@@ -382,6 +382,8 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     click.echo(report_table(result.report))
     for path in result.paths:
         click.echo(f"wrote {path}")
+    if result.report.get("validate_command"):
+        click.echo(f"evaluate it with timm: {result.report['validate_command']}")
 
 
 @main.command()

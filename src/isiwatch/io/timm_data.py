@@ -302,3 +302,19 @@ def probe_images(model: nn.Module, data: str, count: int, config: DataConfig,
         indices = torch.randperm(len(source), generator=torch.Generator().manual_seed(0))[:count].tolist()
     images = Images(source, indices, config, training=False)
     return first_images(loader(images, workers=min(workers, 1 + len(indices) // DEFAULT_BATCH_SIZE)), count)
+
+
+def validate_py_command(data: str, arch: str, checkpoint: str | Path, model_kwargs: Mapping[str, Any],
+                        config: DataConfig, device: str = "cuda") -> list[str]:
+    """timm ``validate.py``'s command line that evaluates a written checkpoint on ``data`` with ``config``'s
+    preprocessing: the class count, input size and pooling as validate.py's own flags (it passes them to
+    ``create_model`` itself), every other keyword argument of the architecture through ``--model-kwargs``."""
+    own = {"num_classes", "in_chans", "global_pool", "pretrained_cfg_overlay"}
+    kwargs = [f"{key}={value!r}" for key, value in model_kwargs.items() if key not in own and value is not None]
+    return ["python", "validate.py", str(data), "--model", arch, "--checkpoint", str(checkpoint),
+            "--num-classes", str(model_kwargs.get("num_classes", 1000)), "--gp", str(model_kwargs.get("global_pool",
+                                                                                                 "token")),
+            "--input-size", *(str(v) for v in config.input_size), "--mean", *(f"{v:g}" for v in config.mean),
+            "--std", *(f"{v:g}" for v in config.std), "--interpolation", config.interpolation,
+            "--crop-pct", f"{config.crop_pct:g}", "--crop-mode", config.crop_mode, "--device", device,
+            "--model-kwargs", *kwargs]

@@ -205,8 +205,10 @@ def trainable_modules(model: nn.Module, train_last: int) -> list[nn.Module]:
 
 
 def prepare_healing(model: nn.Module, train_last: int) -> list[nn.Parameter]:
-    """Freeze ``model`` into eval mode except what healing trains (see :func:`trainable_modules`), which is
-    put in train mode; returns the parameters to optimise."""
+    """The freeze-early/heal-late step of healing, for healing inside your own training loop (Lightning, a
+    Hugging Face Trainer, timm's ``train.py``): freeze ``model`` into eval mode except what healing trains, the
+    last ``train_last`` blocks and the modules after them (:func:`trainable_modules`), which are put in train
+    mode; returns the parameters to give your optimizer. :func:`heal` is this step plus its own loop."""
     trainable = trainable_modules(model, train_last)
     model.requires_grad_(False).eval()
     for module in trainable:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -25,7 +26,14 @@ from .._utils.option_error import OptionError
 from ..io.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ..io.models import build_model
 from ..io.pretrained_dir import load_pretrained_dir, save_pretrained_dir
-from ..io.timm_data import DEFAULT_BATCH_SIZE, DEFAULT_WORKERS, DataConfig, first_images, resolve_data_config
+from ..io.timm_data import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_WORKERS,
+    DataConfig,
+    first_images,
+    resolve_data_config,
+    validate_py_command,
+)
 from ..measure.analysis import DEFAULT_PHASE_METRIC, Analysis, analyze
 from ..measure.boundary_distances import BoundaryDistances
 from ..measure.depth import DepthRecommendation, recommend_depth
@@ -322,6 +330,11 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
                    "precision": str(plan.fabric.strategy.precision.precision),
                    "seed": r.seed, "output": None if r.out is None else str(r.out),
                    "evaluated_on": "test" if search else "validation+test", "search": search})
+    if r.out is not None and plan.normalization is not None and not plan.checkpoint.path.is_dir():
+        data = str(r.eval_data or r.data)  # validate.py finds a validation/ sub-folder as this split did
+        result["validate_command"] = shlex.join(validate_py_command(
+            data, plan.checkpoint.arch, r.out, cut_model_kwargs(plan, execution), plan.normalization,
+            plan.fabric.device.type))
     return result
 
 
@@ -335,12 +348,19 @@ def _write_model(plan: TruncationPlan, execution: Execution, result: dict[str, A
                                                                         "normalization", "data")}}
     if ckpt.path.is_dir():
         return save_pretrained_dir(execution.model, out, metadata)
-    model_kwargs = {**ckpt.model_kwargs, "depth": len(execution.kept)}
-    if plan.normalization is not None:  # timm.data.resolve_data_config(model=...) then gives this preprocessing
-        model_kwargs["pretrained_cfg_overlay"] = plan.normalization.pretrained_cfg()
+    model_kwargs = cut_model_kwargs(plan, execution)
     state = {k: v.detach().cpu() for k, v in execution.model.state_dict().items()}
     timm.create_model(ckpt.arch, pretrained=False, **model_kwargs).load_state_dict(state, strict=True)
     return save_checkpoint(out, ckpt.arch, model_kwargs, state, metadata, fmt=r.fmt)
+
+
+def cut_model_kwargs(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
+    """``timm.create_model`` keyword arguments of the written cut: the source's at the cut depth, with the data
+    config as ``pretrained_cfg_overlay`` so ``timm.data.resolve_data_config(model=...)`` gives its preprocessing."""
+    kwargs = {**plan.checkpoint.model_kwargs, "depth": len(execution.kept)}
+    if plan.normalization is not None:
+        kwargs["pretrained_cfg_overlay"] = plan.normalization.pretrained_cfg()
+    return kwargs
 
 
 def write(plan: TruncationPlan, execution: Execution, result: dict[str, Any]) -> list[Path]:
