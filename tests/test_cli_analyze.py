@@ -17,8 +17,8 @@ from safetensors.torch import save_file
 from isiwatch.cli.commands import main
 from isiwatch.cli.offline import analyze_checkpoint
 from isiwatch.io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from isiwatch.io.timm_data import resolve_data_config
 from isiwatch.io.models import build_model
+from isiwatch.io.timm_data import resolve_data_config
 from isiwatch.measure.analysis import Analysis
 from isiwatch.measure.depth import recommend_depth
 
