@@ -301,7 +301,8 @@ def probe_images(model: nn.Module, data: str, count: int, config: DataConfig,
     else:
         indices = torch.randperm(len(source), generator=torch.Generator().manual_seed(0))[:count].tolist()
     images = Images(source, indices, config, training=False)
-    return first_images(loader(images, workers=min(workers, 1 + len(indices) // DEFAULT_BATCH_SIZE)), count)
+    threads = 0 if data == "mnist" else min(workers, 1 + len(indices) // DEFAULT_BATCH_SIZE)  # digits: in memory
+    return first_images(loader(images, workers=threads), count)
 
 
 def validate_py_command(data: str, arch: str, checkpoint: str | Path, model_kwargs: Mapping[str, Any],

@@ -167,7 +167,8 @@ def load_split(model: nn.Module, data: Data, eval_data: Data | None = None, conf
     half = len(held) // 2
     user = data if isinstance(data, DataLoader) else None
     size = (user.batch_size or batch_size) if user is not None else batch_size
-    threads = user.num_workers if user is not None else 0 if isinstance(data, tuple) else workers  # tensors: in memory
+    in_memory = isinstance(data, tuple) or (data == "mnist" and eval_data is None)  # tensors, the embedded digits
+    threads = user.num_workers if user is not None else 0 if in_memory else workers
 
     def stream(dataset: Dataset[Any], shuffle: bool = False) -> DataLoader[Any] | ShardedLoader:
         made = loader(dataset, batch_size=size, workers=threads, shuffle=shuffle, seed=seed)
