@@ -358,6 +358,25 @@ def startup(data: dict) -> list[str]:
     return lines
 
 
+@needs("truncate_memory/truncate_memory.json", "Memory of truncate vs dataset size",
+       "python benchmarks/bench_truncate_memory.py")
+def truncate_memory(data: dict) -> list[str]:
+    runs, growth = data["runs"], data["growth"]
+    verdict = "within" if data["within_goal"] else "outside"
+    lines = ["## Memory of truncate vs dataset size (`benchmarks/bench_truncate_memory.py`)", "",
+             f"Command: `python benchmarks/bench_truncate_memory.py --workers {data['workers']}`. Machine: "
+             f"{describe(data.get('machine'))}. `{data['command']}` on timm train.py layouts of 224-px RGB PNGs "
+             "(the embedded digits, upscaled and tinted), a 4-block 224-px ViT; peak RSS of the truncate process "
+             "(`wait4`) and of the process with its DataLoader workers (sampled; shared pages counted per process).",
+             "", "| training images | validation images | truncate process | with workers |", "|---|---|---|---|"]
+    lines += [f"| {r['images']:,} | {r['validation_images']:,} | {r['process_mb']:.0f} MB | {r['tree_mb']:.0f} MB |"
+              for r in runs]
+    lines += ["", f"From {runs[0]['images']:,} to {runs[-1]['images']:,} images the peak grows "
+              f"**{100 * growth['process_mb']:+.1f} %** (process) and **{100 * growth['tree_mb']:+.1f} %** (with "
+              f"workers): {verdict} the goal of {100 * data['goal']:.0f} %.", ""]
+    return lines
+
+
 @needs("contention/contention.json", "Training under CPU contention (`benchmarks/bench_contention.py`)",
        "python benchmarks/bench_contention.py")
 def contention(data: dict) -> list[str]:
@@ -389,6 +408,7 @@ SECTIONS: list[Callable[[Path], list[str]]] = [
              "benchmarks/results/watch/watch_128.json"),
     demo,
     startup,
+    truncate_memory,
     contention,
     rendered("GPU check", "gpu_check.py", "gpu/gpu_check.json", "python benchmarks/gpu_check.py --out "
              "benchmarks/results/gpu/gpu_check.json"),

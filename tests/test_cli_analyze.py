@@ -17,8 +17,8 @@ from safetensors.torch import save_file
 from isiwatch.cli.commands import main
 from isiwatch.cli.offline import analyze_checkpoint
 from isiwatch.io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from isiwatch.io.model_images import resolve_normalization
 from isiwatch.io.models import build_model
+from isiwatch.io.timm_data import resolve_data_config
 from isiwatch.measure.analysis import Analysis
 from isiwatch.measure.depth import recommend_depth
 
@@ -367,6 +367,14 @@ def probed(monkeypatch):
     return seen
 
 
+def timm_eval(pixels, **config):
+    """``pixels`` through timm's eval transform (what validate.py feeds the model)."""
+    from timm.data import create_transform
+
+    transform = create_transform(input_size=(1, 28, 28), **config)
+    return torch.stack([transform(Image.fromarray((p[0] * 255).round().byte().numpy())) for p in pixels])
+
+
 def same_images(x, expected):
     """Each image of ``x`` is one of ``expected`` (the folder is read in a shuffled order)."""
     return len(x) == len(expected) and all((expected - image).abs().amax(dim=(1, 2, 3)).min() < 1e-5 for image in x)
@@ -382,9 +390,11 @@ def test_image_folder_is_normalised_as_the_checkpoint_was_trained(args_ckpt, png
     result = run("analyze", args_ckpt, "--data", folder, "--images", 12, "--out", tmp_path / "o", *extra)
     assert result.exit_code == 0, result.output
     model = json.loads((tmp_path / "o" / "analysis.json").read_text())["model"]
-    assert model["normalization"] == {"mean": [mean], "std": [std], "source": source, "interpolation": "bicubic"}
+    norm = model["normalization"]
+    assert (norm["mean"], norm["std"], norm["source"]) == ([mean], [std], source)
+    assert (norm["interpolation"], norm["crop_pct"]) == ("bicubic", 0.9)  # as train.py recorded
     assert model["weights"] == "ema"
-    assert same_images(probed[0], (pixels - mean) / std)
+    assert same_images(probed[0], timm_eval(pixels, mean=(mean,), std=(std,), interpolation="bicubic", crop_pct=0.9))
     assert f"weights: EMA (state_dict_ema); normalised with mean {mean:g} std {std:g} ({source})" in result.output
 
 
@@ -392,22 +402,23 @@ def test_without_recorded_statistics_the_source_is_named(vit, pngs, probed, tmp_
     ckpt = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", KWARGS, vit.state_dict())
     folder, pixels = pngs
     analysis, _ = analyze_checkpoint(ckpt, data=str(folder), images=12)
-    assert analysis.model_info["normalization"]["source"] == "mnist"  # one channel: no pretrained_cfg statistics fit
-    assert same_images(probed[0], (pixels - 0.1307) / 0.3081)  # and those statistics were applied
+    norm = analysis.model_info["normalization"]
+    assert (norm["source"], norm["mean"], norm["std"]) == ("pretrained_cfg", [0.5], [0.5])  # as train.py takes them
+    assert same_images(probed[0], timm_eval(pixels, mean=(0.5,), std=(0.5,), interpolation="bicubic", crop_pct=0.9))
     assert analysis.model_info["weights"] == "state_dict"
     analysis, _ = analyze_checkpoint(ckpt, images=12)
-    assert analysis.model_info["normalization"] == {"mean": [0.1307], "std": [0.3081], "source": "mnist",
-                                               "interpolation": "bilinear"}
+    norm = analysis.model_info["normalization"]
+    assert (norm["mean"], norm["std"], norm["source"], norm["crop_pct"]) == ([0.1307], [0.3081], "mnist", 1.0)
     rgb = timm.create_model("vit_tiny_patch16_224", pretrained=False, **{**KWARGS, "in_chans": 3})
-    norm = resolve_normalization(rgb, str(folder))
+    norm = resolve_data_config(rgb, str(folder))
     assert norm.source == "pretrained_cfg" and norm.mean == tuple(rgb.pretrained_cfg["mean"])
 
 
-def test_mnist_keeps_mnist_statistics_and_no_ema_is_recorded(args_ckpt, tmp_path):
+def test_mnist_takes_the_checkpoint_statistics_and_no_ema_is_recorded(args_ckpt, tmp_path):
     result = run("analyze", args_ckpt, "--images", 50, "--out", tmp_path / "o", "--no-ema")
     assert result.exit_code == 0, result.output
     model = json.loads((tmp_path / "o" / "analysis.json").read_text())["model"]
-    assert model["normalization"]["source"] == "mnist" and model["weights"] == "state_dict"
+    assert model["normalization"]["source"] == "checkpoint args" and model["weights"] == "state_dict"
     result = run("analyze", args_ckpt, "--images", 50, "--out", tmp_path / "p", "--mean", "0.5")
     assert result.exit_code == 1 and "--mean and --std go together" in result.output
     assert result.output.strip().count("\n") == 0 and not (tmp_path / "p").exists()

@@ -63,3 +63,17 @@ def test_the_docs_quote_the_truncate_speedups_at_batch_64_and_batch_1():
     page = (ROOT / "docs" / "benchmarks.md").read_text()  # the benchmark summary moved there from the README
     pair = " / ".join(f"{speed[t]['b64']:.2f}×" for t in speed), " / ".join(f"{speed[t]['b1']:.2f}×" for t in speed)
     assert f"batch 64: {pair[0]}; batch 1: {pair[1]}" in page
+
+
+def test_the_truncate_memory_section_renders_its_runs_and_the_goal(tmp_path):
+    machine = {"cpu": "Test CPU", "usable_cores": 2, "torch_threads": None, "load_1min": 1.0, "torch": "2.x",
+               "python": "3.x", "device": "cpu"}
+    runs = [{"images": 2000, "validation_images": 200, "process_mb": 1000.0, "tree_mb": 2000.0},
+            {"images": 20000, "validation_images": 2000, "process_mb": 1050.0, "tree_mb": 2300.0}]
+    (tmp_path / "truncate_memory").mkdir()
+    (tmp_path / "truncate_memory" / "truncate_memory.json").write_text(json.dumps(
+        {"machine": machine, "workers": 2, "goal": 0.1, "command": "isiwatch truncate CKPT", "runs": runs,
+         "growth": {"process_mb": 0.05, "tree_mb": 0.15}, "within_goal": False}))
+    text = report.render(tmp_path)
+    assert "| 20,000 | 2,000 | 1050 MB | 2300 MB |" in text
+    assert "**+5.0 %** (process) and **+15.0 %** (with workers): outside the goal of 10 %" in text

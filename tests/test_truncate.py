@@ -419,8 +419,9 @@ def test_train_validation_layout_heals_on_train_and_evaluates_on_validation(args
                                 "test": {"source": val, "images": 5, "of": 10}}
     assert recorded["held_out_images"] == 10 and recorded["healing_steps"] == 1  # 40 images: one batch
     assert recorded["weights"] == "ema"
-    assert recorded["normalization"] == {"mean": [0.5], "std": [0.25], "source": "checkpoint args",
-                                         "interpolation": "bilinear"}
+    norm = recorded["normalization"]
+    assert (norm["mean"], norm["std"], norm["source"]) == ([0.5], [0.25], "checkpoint args")
+    assert (norm["interpolation"], norm["input_size"]) == ("bicubic", [1, 28, 28])  # the model's pretrained_cfg
     meta = torch.load(out, weights_only=True)["isiwatch"]
     assert meta["weights"] == "ema" and meta["data"] == recorded["data"]
     assert meta["normalization"] == recorded["normalization"]
@@ -428,7 +429,8 @@ def test_train_validation_layout_heals_on_train_and_evaluates_on_validation(args
     assert f"heal 40 of 40 in {train}; validation 5 of 10 in {val}" in result.output
     # the cut keeps the statistics it was healed with
     assert load_checkpoint(out).data_config == {"mean": (0.5,), "std": (0.25,), "source": "checkpoint metadata",
-                                                "interpolation": "bilinear"}
+                                                "interpolation": "bicubic", "input_size": [1, 28, 28],
+                                                "crop_pct": 0.9, "crop_mode": "center"}
 
 
 def test_eval_data_separates_healing_from_evaluation(args_ckpt, folder, layout, tmp_path):

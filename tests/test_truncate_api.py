@@ -44,7 +44,7 @@ def test_truncate_takes_a_model_object_and_tensors(vit, digits):
 def test_truncate_takes_a_dataloader(vit, digits):
     loader = DataLoader(TensorDataset(*digits), batch_size=100)
     result = truncate(vit, data=loader, strategy="bi", keep=3, epochs=1, images=64)
-    assert len(result.model.blocks) == 3 and result.report["healing_steps"] == 4  # 480 images in batches of 128
+    assert len(result.model.blocks) == 3 and result.report["healing_steps"] == 5  # 480 images in its batches of 100
     assert result.report["data"]["validation"]["source"] == "DataLoader"
 
 
@@ -110,7 +110,7 @@ def test_checkpoint_and_image_errors_name_python_parameters_and_cli_flags(tmp_pa
 
     from isiwatch.cli.commands import main
     from isiwatch.io.checkpoint import load_checkpoint, save_checkpoint
-    from isiwatch.io.model_images import resolve_normalization
+    from isiwatch.io.timm_data import resolve_data_config
 
     model, kwargs = make_digits_vit(2)
     path = save_checkpoint(tmp_path / "m.pt", "vit_tiny_patch16_224", kwargs, model.state_dict())
@@ -118,6 +118,6 @@ def test_checkpoint_and_image_errors_name_python_parameters_and_cli_flags(tmp_pa
         load_checkpoint(path, num_heads=5)
     assert "--" not in str(exc.value)
     with pytest.raises(ValueError, match="^mean and std go together"):
-        resolve_normalization(model, "mnist", mean=(0.5,))
+        resolve_data_config(model, "mnist", mean=(0.5,))
     result = CliRunner().invoke(main, ["analyze", str(path), "--num-heads", "5"])
     assert result.exit_code == 1 and "--num-heads 5 does not divide the embed_dim 64" in result.output

