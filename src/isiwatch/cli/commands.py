@@ -352,7 +352,8 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
                    "reads (20 % held out, unless it has train/ and validation/ sub-folders: heal on train, evaluate "
                    "on validation); streamed, with timm's train-time transform for healing and its eval transform "
                    "for validation and test, as train.py and validate.py build them for this checkpoint.")
-@click.option("--eval-data", metavar="DIR", help="Folder tree or tar file to validate and test on (halved); all of --data heals.")
+@click.option("--eval-data", metavar="DIR",
+              help="Folder tree or tar file to validate and test on (halved); all of --data heals.")
 @click.option("--strategy", type=click.Choice(("auto", *STRATEGIES)),
               help=f"Which blocks to drop [default: auto; {DEFAULT_STRATEGY} with --keep]. auto: the cheapest "
                    "healed cut within --max-drop; "
@@ -398,8 +399,8 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
              keep: int | None, max_drop: float, budget: int, train_last: int | None, epochs: int, lr: float,
              distill: bool, metric: str | None, images: int, fmt: str, report: Path | None, arch: str | None,
              num_heads: int | None, no_ema: bool, seed: int, mean: tuple[float, ...] | None,
-             std: tuple[float, ...] | None, progress: bool | None, device: str, devices: int, num_nodes: int, dist_strategy: str,
-             precision: str | None, batch_size: int, workers: int) -> None:
+             std: tuple[float, ...] | None, progress: bool | None, device: str, devices: int, num_nodes: int,
+             dist_strategy: str, precision: str | None, batch_size: int, workers: int) -> None:
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
     fine-tuning its late blocks."""
     from .._utils.option_error import OptionError
