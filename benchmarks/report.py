@@ -197,6 +197,10 @@ def truncate_auto(data: dict) -> list[str]:
             row("≤ 1 point test loss (auto, mean)",
                 lambda t, m: f"{met(m['auto']['diff'][0] >= -0.01)}: {ci(m['auto']['diff'])}"),
             row("recommended cut ≥ the best baseline at the same K", against_best), ""]
+    guarantee = data.get("guarantee", {})
+    if guarantee.get("markdown"):
+        out += ["Command: `python benchmarks/bench_truncate_auto.py --guarantee`, then `--costs`. At confidence 0.95 "
+                "the goal is a test drop above the max drop in at most 5 % of cases.", "", *guarantee["markdown"]]
     return out
 
 

@@ -144,3 +144,25 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal():
     progress = SearchProgress(100, 4, enabled=True)  # pytest captures stderr: not a TTY
     assert not progress.shown
     progress.close()
+
+
+def report_of(uncut_blocks, cut_blocks, uncut_ms, cut_ms, differs):
+    cost = {"uncut": {"blocks": uncut_blocks, "parameters": 100, "flops_per_image": 2e6, "latency_ms": uncut_ms},
+            "truncated": {"blocks": cut_blocks, "parameters": 50, "flops_per_image": 1e6, "latency_ms": cut_ms}}
+    return {"cost": cost, "accuracy": {"uncut": 0.9, "cut": 0.8, "healed": 0.89},
+            "agreement": {"cut": 0.85, "healed": 0.95}, "latency_batch": 64, "latency_differs": differs,
+            "kept_blocks": list(range(cut_blocks)), "strategy": "auto: bi"}
+
+
+def test_an_uncut_result_is_one_row_and_a_speedup_within_noise_reads_so():
+    from isiwatch.truncation.cost import differs
+    from isiwatch.truncation.truncate_report import report_rows, report_table
+
+    _, rows = report_rows(report_of(12, 12, 61.3, 65.9, differs=False))
+    assert [r[0] for r in rows] == ["uncut"]  # no cut/healed rows identical to the uncut model
+    assert "uncut model kept" in report_table(report_of(12, 12, 61.3, 65.9, differs=False))
+    _, rows = report_rows(report_of(12, 11, 61.3, 60.9, differs=False))
+    assert [r[5] for r in rows] == ["", "within noise", "within noise"]
+    _, rows = report_rows(report_of(12, 6, 61.3, 30.0, differs=True))
+    assert rows[1][5] == "2.04x"
+    assert differs([30, 31, 30.5, 29.8], [60, 61, 62, 59]) and not differs([30, 33, 31, 35], [32, 36, 30, 34])
