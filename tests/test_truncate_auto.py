@@ -133,6 +133,10 @@ def test_an_interrupted_search_resumes_without_healing_its_finished_candidates(i
     (["--max-drop", "nan"], "--max-drop must be at least 0 points, got nan"),
     (["--budget", "0"], "--budget must be at least 1 candidate, got 0"),
     (["--strategy", "auto", "--keep", "3"], "cannot be combined with --strategy auto"),
+    (["--confidence", "1"], "--confidence must be at least 0 and below 1, got 1.0"),
+    (["--screen-steps", "0"], "--screen-steps must be at least 1 optimizer step, got 0"),
+    (["--heal-steps", "4", "--screen-steps", "8"], "--screen-steps (8) cannot exceed --heal-steps (4)"),
+    (["--keep", "3", "--resume"], "--resume apply to --strategy auto only"),
 ])
 def test_impossible_requests_fail_in_one_line_before_reading_the_checkpoint(idle_ckpt, tmp_path, monkeypatch, args,
                                                                           message):

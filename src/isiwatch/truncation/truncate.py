@@ -597,7 +597,7 @@ def _run(request: TruncateRequest) -> TruncateResult:
 def _search_header(plan: TruncationPlan, rule: AcceptanceRule, uncut_correct: Tensor) -> dict[str, Any]:
     """What a journal records its search was: a resumed search must be this one to reuse its candidates."""
     r = plan.request
-    return {"source_sha256": plan.checkpoint.sha256, "source": str(plan.checkpoint.path), "depth": plan.depth,
+    return {"source_sha256": plan.checkpoint.sha256, "depth": plan.depth,
             "data": plan.split.data, "uncut_validation_correct": int(uncut_correct.sum()), "rule": rule.to_dict(),
             "budget": r.budget, "screen_steps": plan.screen_steps, "heal_steps": plan.heal_steps, "lr": r.lr,
             "distill": r.distill, "train_last": r.train_last, "seed": r.seed, "metric": plan.metric}
