@@ -3,9 +3,8 @@
 For the deepest models of the depth sweep (``bench_depth.py``; default 24 blocks, both tasks, seeds 0–2),
 read from the sweep's ``--work`` folder:
 
-- ``auto``: :func:`isiwatch.truncation.truncate.auto_cut` with ``--max-drop`` 1 point and the
-  default budget, choosing on
-  the validation half of the held-out images;
+- ``auto``: :func:`isiwatch.truncation.truncate.auto_cut` with ``--max-drop`` 1 point, ``--confidence`` 0 (the
+  point estimate) and the default budget, choosing on the validation half of the held-out images;
 - every fixed strategy (``recommended``: exactly the blocks :func:`isiwatch.measure.depth.recommend_depth` keeps;
   ``bi``, ``angular``, ``tail``, ``random``, and ``plateau`` where the curve has one) cut to the recommended
   depth K and healed with the library's budget;
@@ -17,7 +16,15 @@ Every accuracy in the summary is on the test half of the held-out images, which 
 measured separately (``--costs``: interleaved median of eval-mode forwards at batch 64 and 1) so that it can
 run on an otherwise idle machine.
 
+``--guarantee`` evaluates the acceptance rule instead: for each model and ``--resamples`` random re-splits of the
+held-out images into validation and test halves, ``auto`` at ``--guarantee-max-drop`` (3 points: 500 validation
+images cannot certify 1 point at all) with confidence 0.95 (plain healing and ``--distill``, at equal optimizer
+steps) and with confidence 0 (the point estimate, plain), each scored once on its test half. The summary gives,
+per variant, how often the test drop exceeded the max drop (the goal at 0.95: at most 5 % of cases), blocks
+removed and latency speed-up, and the paired test accuracy of ``--distill`` minus plain.
+
     python benchmarks/bench_truncate_auto.py                  # cuts and baselines (one process per task is fine)
+    python benchmarks/bench_truncate_auto.py --guarantee      # the rule: 2 tasks × 3 seeds × 4 resamples × 3
     python benchmarks/bench_truncate_auto.py --costs --threads 2   # latency, alone on the machine; then summary
 """
 
@@ -41,13 +48,30 @@ from machine import machine  # noqa: E402
 
 from isiwatch._utils.files import write_json  # noqa: E402
 from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
-from isiwatch.measure.analysis import analyze  # noqa: E402
+from isiwatch.io.checkpoint import Checkpoint  # noqa: E402
+from isiwatch.measure.analysis import DEFAULT_PHASE_METRIC, analyze  # noqa: E402
 from isiwatch.measure.boundary_distances import boundary_distances  # noqa: E402
 from isiwatch.measure.depth import recommend_depth  # noqa: E402
+from isiwatch.truncation.confidence import PairedDrop  # noqa: E402
 from isiwatch.truncation.cost import count_parameters, forward_flops, measure_latency  # noqa: E402
-from isiwatch.truncation.healing import accuracy, default_train_last, heal, prepare_healing, train_classifier  # noqa: E402  # noqa: E402
+from isiwatch.truncation.healing import (  # noqa: E402
+    accuracy,
+    default_train_last,
+    heal,
+    predict,
+    prepare_healing,
+    train_classifier,
+)
 from isiwatch.truncation.strategies import DEFAULT_BUDGET, DEFAULT_MAX_DROP  # noqa: E402
-from isiwatch.truncation.truncate import HEAL_EPOCHS, auto_cut, choose_blocks, cut_vit  # noqa: E402
+from isiwatch.truncation.truncate import (  # noqa: E402
+    HEAL_EPOCHS,
+    Split,
+    TruncateRequest,
+    TruncationPlan,
+    auto_cut,
+    choose_blocks,
+    cut_vit,
+)
 
 RESULTS = Path(__file__).parent / "results" / "truncate_auto"
 FIXED = ("recommended", "bi", "angular", "tail", "random", "plateau")
@@ -73,22 +97,36 @@ def load_deep(task, depth: int, seed: int, epochs: int, work: Path):
     return model.eval()
 
 
+def auto_plan(model, split: Split, measured: tuple, seed: int, **options) -> TruncationPlan:
+    """A truncate plan of an in-memory sweep model on ``split``; ``measured``: its recommendation, phases and
+    boundary distances; ``options``: :class:`TruncateRequest` fields (max_drop, confidence, budget, ...)."""
+    recommendation, phases, distances = measured
+    request = TruncateRequest(model, seed=seed, **options)
+    source = Checkpoint(Path("<sweep model>"), "vit", {}, {}, "")
+    return TruncationPlan(request, source, model, split, None, DEFAULT_PHASE_METRIC, phases, recommendation,
+                          distances, None)
+
+
+def measure_model(model, task, max_drop: float) -> tuple:
+    """What auto reads about the uncut model, measured on its healing images."""
+    analysis = analyze(model, task.train_x[:PROBE_IMAGES], task.train_y[:PROBE_IMAGES])
+    return (recommend_depth(analysis, max_drop / 100), analysis.phases, boundary_distances(model, task.train_x[:512]))
+
+
 def run_one(task, seed: int, args, items: Path) -> None:
     done = load_items(items)
     prefix = f"{task.name}/{args.depth}/{seed}"
     model = load_deep(task, args.depth, seed, args.epochs, args.work)
-    analysis = analyze(model, task.train_x[:PROBE_IMAGES], task.train_y[:PROBE_IMAGES])
-    recommendation = recommend_depth(analysis, args.max_drop / 100)
-    phases = analysis.phases
-    distances = boundary_distances(model, task.train_x[:512])
+    measured = measure_model(model, task, args.max_drop)
+    recommendation, phases, distances = measured
     keep = recommendation.depth
     uncut = {"uncut_test": accuracy(model, task.test_x, task.test_y),
              "uncut_val": accuracy(model, task.val_x, task.val_y)}
     heal_options = {"epochs": HEAL_EPOCHS, "seed": seed, "train_last": None, "teacher": None, "amp": False}
     if f"{prefix}/auto" not in done:
         start = time.perf_counter()
-        cut, kept, search = auto_cut(model, task, recommendation, phases, distances, args.max_drop, args.budget, seed,
-                                     heal_options)
+        cut, kept, search = auto_cut(auto_plan(model, task, measured, seed, max_drop=args.max_drop, confidence=0.0,
+                                               budget=args.budget, epochs=HEAL_EPOCHS))
         row = add_item(items, {"key": f"{prefix}/auto", "task": task.name, "seed": seed, "strategy": "auto", **uncut,
                                "keep": len(kept), "kept": kept, "test": accuracy(cut, task.test_x, task.test_y),
                                "winner": search["winner_strategy"], "candidates": search["candidates"],
@@ -111,6 +149,86 @@ def run_one(task, seed: int, args, items: Path) -> None:
         print(f"{prefix} {strategy} K={keep}: test {row['test']:.3f}", flush=True)
     if f"{prefix}/scratch" not in done and keep < args.depth:
         add_item(items, scratch(task, seed, keep, model, args, uncut, prefix))
+
+
+#: Guarantee variants: confidence and healing (distillation or plain), at equal optimizer steps.
+VARIANTS = {"plain 0.95": (0.95, False), "distill 0.95": (0.95, True), "plain 0 (point estimate)": (0.0, False)}
+
+
+def resampled(task, seed: int, resample: int) -> Split:
+    """The task with its held-out images shuffled (seeded by model seed and resample) and halved again into
+    validation and test."""
+    held_x, held_y = torch.cat([task.val_x, task.test_x]), torch.cat([task.val_y, task.test_y])
+    order = torch.randperm(len(held_y), generator=torch.Generator().manual_seed(1000 * seed + resample))
+    val, test = order[:len(order) // 2], order[len(order) // 2:]
+    return Split(task.train_x, task.train_y, held_x[val], held_y[val], held_x[test], held_y[test])
+
+
+def guarantee_one(task, seed: int, args, items: Path) -> None:
+    """Every variant of ``auto`` on every resampled split of one sweep model; one row each."""
+    done = load_items(items)
+    model = load_deep(task, args.depth, seed, args.epochs, args.work)
+    measured = measure_model(model, task, args.guarantee_max_drop)
+    steps = HEAL_EPOCHS * math.ceil(len(task.train_y) / HEAL_BATCH)  # equal steps for distill and plain
+    for resample in range(args.resamples):
+        split = resampled(task, seed, resample)
+        uncut_correct = predict(model, split.test_x) == split.test_y
+        for variant, (confidence, distill) in VARIANTS.items():
+            key = f"{task.name}/{args.depth}/{seed}/guarantee/{resample}/{variant}"
+            if key in done:
+                continue
+            start = time.perf_counter()
+            cut, kept, search = auto_cut(auto_plan(model, split, measured, seed, max_drop=args.guarantee_max_drop,
+                                                   confidence=confidence, budget=args.budget, heal_steps=steps,
+                                                   distill=distill))
+            cut_correct = predict(cut, split.test_x) == split.test_y
+            drop = PairedDrop.from_correct(uncut_correct.tolist(), cut_correct.tolist())
+            row = add_item(items, {"key": key, "task": task.name, "seed": seed, "strategy": "guarantee",
+                                   "resample": resample, "variant": variant, "confidence": confidence,
+                                   "distill": distill, "max_drop": args.guarantee_max_drop, "keep": len(kept),
+                                   "test_drop_points": 100 * drop.drop, "test": float(cut_correct.float().mean()),
+                                   "exceeded": 100 * drop.drop > args.guarantee_max_drop,
+                                   "candidates": len(search["candidates"]), "heal_steps": steps,
+                                   "seconds": time.perf_counter() - start})
+            print(f"{key}: K={row['keep']} test drop {row['test_drop_points']:+.2f} points"
+                  f"{' EXCEEDED' if row['exceeded'] else ''}", flush=True)
+
+
+def guarantee_summary(rows: list[dict], cost_rows: list[dict], args) -> tuple[dict, list[str]]:
+    """Per variant: cases, how often the test drop exceeded the max drop, blocks removed, speed-up; and the
+    paired test accuracy of distillation minus plain healing at confidence 0.95."""
+    if not any(r.get("variant") for r in rows):
+        return {}, []
+    cost = {(c["task"], c["blocks"]): c for c in cost_rows}
+    summary: dict = {"variants": {}}
+    lines = [f"**The acceptance rule** (`--guarantee`): {args.depth}-block sweep models, max drop "
+             f"{args.guarantee_max_drop:g} points, every model × resampled validation/test split.", "",
+             "| variant | cases | test drop > max drop | cuts | blocks removed | latency speed-up b64 | "
+             "test drop (points) |", "|---|---|---|---|---|---|---|"]
+    for variant in VARIANTS:
+        group = [r for r in rows if r.get("variant") == variant]
+        if not group:
+            continue
+        speedups = [cost[(r["task"], args.depth)]["latency_ms_b64"] / cost[(r["task"], r["keep"])]["latency_ms_b64"]
+                    for r in group if (r["task"], r["keep"]) in cost and (r["task"], args.depth) in cost]
+        entry = {"cases": len(group), "exceeded_rate": statistics.fmean(r["exceeded"] for r in group),
+                 "cut_rate": statistics.fmean(r["keep"] < args.depth for r in group),
+                 "removed": 1 - statistics.fmean(r["keep"] for r in group) / args.depth,
+                 "speedup_b64": statistics.fmean(speedups) if speedups else None,
+                 "test_drop": mean_ci([r["test_drop_points"] / 100 for r in group])}
+        summary["variants"][variant] = entry
+        speed = f"{entry['speedup_b64']:.2f}×" if entry["speedup_b64"] else "–"
+        lines.append(f"| {variant} | {entry['cases']} | {100 * entry['exceeded_rate']:.1f} % | "
+                     f"{100 * entry['cut_rate']:.0f} % | {100 * entry['removed']:.0f} % | {speed} | "
+                     f"{fmt_ci(entry['test_drop'])} |")
+    pairs = {(r["task"], r["seed"], r["resample"]): r for r in rows if r.get("variant") == "plain 0.95"}
+    diffs = [r["test"] - pairs[k]["test"] for r in rows if r.get("variant") == "distill 0.95"
+             and (k := (r["task"], r["seed"], r["resample"])) in pairs]
+    if diffs:
+        summary["distill_minus_plain"] = mean_ci(diffs)
+        lines += ["", f"`--distill` minus plain healing at equal steps, paired test accuracy: "
+                  f"{fmt_ci(summary['distill_minus_plain'])} points over {len(diffs)} cases.", ""]
+    return summary, lines
 
 
 def scratch(task, seed: int, keep: int, full, args, uncut: dict, prefix: str) -> dict:
@@ -226,6 +344,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/isiwatch-bench-depth"))
     parser.add_argument("--results", type=Path, default=RESULTS)
     add_threads_argument(parser)
+    parser.add_argument("--guarantee", action="store_true",
+                        help="evaluate the acceptance rule on resampled validation/test splits")
+    parser.add_argument("--resamples", type=int, default=4, help="--guarantee: re-splits per model")
+    parser.add_argument("--guarantee-max-drop", type=float, default=3.0, help="--guarantee: max drop (points)")
     parser.add_argument("--costs", action="store_true", help="measure latency and write the summary")
     parser.add_argument("--latency-rounds", type=int, default=30)
     args = parser.parse_args()
@@ -235,16 +357,20 @@ def main() -> None:
         for name in args.tasks:
             task = load_task(name)
             for seed in args.seeds:
-                run_one(task, seed, args, items)
+                (guarantee_one if args.guarantee else run_one)(task, seed, args, items)
         return
     record = machine(threads)
-    rows = [r for r in load_items(items).values() if r["task"] in args.tasks and r["seed"] in args.seeds]
-    cost_rows = costs(args.tasks, rows, args)
+    every = [r for r in load_items(items).values() if r["task"] in args.tasks and r["seed"] in args.seeds]
+    rows = [r for r in every if r["strategy"] != "guarantee"]
+    cost_rows = costs(args.tasks, every, args)
     summary, lines = summarise(rows, cost_rows, args)
-    lines += cost_lines(cost_rows, threads, args.latency_rounds)
+    guarantee, guarantee_lines = guarantee_summary(every, cost_rows, args)
+    lines += guarantee_lines + cost_lines(cost_rows, threads, args.latency_rounds)
     print("\n".join(lines))
     record["load_1min_end"] = round(current_load(), 2)
     write_json(args.results / "truncate_auto.json", {"summary": summary, "rows": rows, "costs": cost_rows,
+                                                     "guarantee": {"summary": guarantee, "markdown": guarantee_lines,
+                                                                   "rows": [r for r in every if r not in rows]},
                                                      "markdown": lines, "machine": record,
                                                      "args": {k: str(v) for k, v in vars(args).items()}})
 

@@ -197,6 +197,10 @@ def truncate_auto(data: dict) -> list[str]:
             row("≤ 1 point test loss (auto, mean)",
                 lambda t, m: f"{met(m['auto']['diff'][0] >= -0.01)}: {ci(m['auto']['diff'])}"),
             row("recommended cut ≥ the best baseline at the same K", against_best), ""]
+    guarantee = data.get("guarantee", {})
+    if guarantee.get("markdown"):
+        out += ["Command: `python benchmarks/bench_truncate_auto.py --guarantee`, then `--costs`. At confidence 0.95 "
+                "the goal is a test drop above the max drop in at most 5 % of cases.", "", *guarantee["markdown"]]
     return out
 
 
@@ -340,8 +344,21 @@ def demo(data: dict) -> list[str]:
     return ["## The demo (`benchmarks/bench_demo.py`)", "",
             f"Command: `python benchmarks/bench_demo.py`. Machine: {describe(data.get('machine'))}. Each run in a "
             "fresh process, torch threads chosen by `isiwatch._utils.threads`.",
-            "", "| command | wall time |", "|---|---|",
-            *(f"| `isiwatch {name}` | {value:.0f} s |" for name, value in data["seconds"].items()), ""]
+            "", "| command | wall time (slowest run) |", "|---|---|",
+            *(f"| `isiwatch {name}` | {value:.0f} s |" for name, value in data["seconds"].items()), "",
+            *_demo_runs(data.get("runs", []))]
+
+
+def _demo_runs(runs: list[dict]) -> list[str]:
+    """One row per seed × thread count: wall time, held-out accuracy and the cut the demo printed."""
+    if not runs:
+        return []
+    return ["| mode | seed | threads | wall time | held-out accuracy | cut within its bound | blocks kept | bound / "
+            "max drop (points) | test drop (points) |", "|---|---|---|---|---|---|---|---|---|",
+            *(f"| {r['mode']} | {r['seed']} | {r['threads']} | {r['seconds']:.0f} s | {r['held_out_accuracy']:.3f} | "
+              f"{'yes' if r['cut_within_bound'] else 'no'} | {r['keep']} of {r['depth']} | "
+              f"{'-' if r['upper_bound_points'] is None else format(r['upper_bound_points'], '.2f')} / "
+              f"{r['max_drop']:g} | {r['test_drop_points']:.2f} |" for r in runs), ""]
 
 
 @needs("startup/startup.json", "Start-up (`benchmarks/bench_startup.py`)", "python benchmarks/bench_startup.py")

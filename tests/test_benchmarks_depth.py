@@ -34,8 +34,13 @@ def test_sweep_rule_scores_and_auto_truncation_on_two_tiny_depths(tmp_path):
     assert all(1 <= r["recommended"]["recommend_depth"] <= 2 for r in scores["rows"])
 
     run("bench_truncate_auto.py", "--depth", 2, "--budget", 2, *common)
+    run("bench_truncate_auto.py", "--depth", 2, "--budget", 2, "--guarantee", "--resamples", 1, *common)
     run("bench_truncate_auto.py", "--depth", 2, "--costs", "--latency-rounds", 2, *common)
     evaluation = json.loads((results / "truncate_auto.json").read_text())
+    guarantee = evaluation["guarantee"]
+    assert {r["variant"] for r in guarantee["rows"]} == {"plain 0.95", "distill 0.95", "plain 0 (point estimate)"}
+    assert all(r["exceeded"] == (r["test_drop_points"] > 3.0) and 1 <= r["keep"] <= 2 for r in guarantee["rows"])
+    assert {v["cases"] for v in guarantee["summary"]["variants"].values()} == {1}
     (auto,) = [r for r in evaluation["rows"] if r["strategy"] == "auto"]
     assert 1 <= auto["keep"] <= 2 and len(auto["candidates"]) <= 2
     qualifying = [c["keep"] for c in auto["candidates"] if c["qualifies"]]

@@ -20,6 +20,7 @@ import isiwatch
 from isiwatch import Watch
 from isiwatch._utils.files import write_json
 from isiwatch.cli.commands import main
+from isiwatch.cli.demo import QUICK
 from isiwatch.cli.offline import analysis_record
 from isiwatch.cli.report import read_run, write_report
 from isiwatch.io.data import embedded_digits
@@ -92,14 +93,23 @@ def test_quick_demo_writes_the_run_directory(demo_run):
     events.Reload()
     assert "isiwatch/isi/layer_00" in events.Tags()["scalars"]
     analysis = json.loads((out / "analysis.json").read_text())
-    assert len(analysis["layers"]) == 8 and analysis["model"]["sha256"]
+    assert len(analysis["layers"]) == QUICK.depth and analysis["model"]["sha256"]
     samples = (out / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(s)["step"] for s in samples] == list(range(8, 65, 8))
-    assert all(1 <= json.loads(s)["recommendation"]["depth"] <= 8 for s in samples)
+    steps = QUICK.epochs * 32  # 4,000 digits in batches of 128
+    assert [json.loads(s)["step"] for s in samples] == list(range(QUICK.every_n_steps, steps + 1, QUICK.every_n_steps))
+    assert all(1 <= json.loads(s)["recommendation"]["depth"] <= QUICK.depth for s in samples)
     assert "recommended depth at the last sample" in (out / "report" / "report.html").read_text()
     assert "phases (token_similarity)" in output and "held-out accuracy" in output
     report = json.loads((out / "truncate_report.json").read_text())
-    assert report["cost"]["truncated"]["blocks"] < 8
+    search = report["search"]
+    # a real cut, certified within the bound the demo states, trained far enough for the cut to mean something
+    assert report["cost"]["truncated"]["blocks"] < QUICK.depth and search["winner"] is not None
+    assert f"--max-drop {QUICK.max_drop:g} --confidence 0.95" in output
+    assert f"cut to {len(report['kept_blocks'])} of {QUICK.depth} blocks" in output
+    full = search["full_heal"]
+    judged = full if full and full["qualifies"] else search["winner"]  # the model kept
+    assert judged["validation_drop"]["upper_bound_points"] <= QUICK.max_drop
+    assert analysis["model"]["held_out_accuracy"] >= 0.85
     # the phase-change lines follow metrics.jsonl sample by sample; the final line is analysis.json's phases
     spans = [(r["step"], f"plateau {r['phases']['plateau'][0]}–{r['phases']['plateau'][1]}" if r["phases"]
               else "no plateau") for r in map(json.loads, samples)]

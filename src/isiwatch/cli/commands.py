@@ -333,6 +333,7 @@ def report(run_dir: Path, out: Path | None) -> None:
 from ..truncation.engine import DIST_STRATEGIES, PRECISIONS  # noqa: E402  (choices; lightning loads lazily)
 from ..truncation.strategies import (  # noqa: E402  (option defaults, from a module free of torch and timm)
     DEFAULT_BUDGET,
+    DEFAULT_CONFIDENCE,
     DEFAULT_MAX_DROP,
     DEFAULT_STRATEGY,
     HEAL_EPOCHS,
@@ -361,11 +362,22 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
 @click.option("--keep", type=int, help="Blocks to keep (default: the plateau cut's depth for plateau, the "
                                        "recommended depth for the other fixed strategies).")
 @click.option("--max-drop", type=float, default=DEFAULT_MAX_DROP, show_default=True,
-              help="auto: validation accuracy points a cut may lose.")
+              help="auto: accuracy points a cut may lose.")
+@click.option("--confidence", type=float, default=DEFAULT_CONFIDENCE, show_default=True,
+              help="auto: a cut qualifies when the upper bound of its validation accuracy drop at this confidence "
+                   "(exact, Bonferroni over --budget) is within --max-drop; 0: the observed drop.")
 @click.option("--budget", type=int, default=DEFAULT_BUDGET, show_default=True,
-              help="auto: candidates healed at most.")
+              help="auto: candidates screened at most.")
 @click.option("--train-last", type=int, help="Kept blocks to fine-tune, counted from the end (default: half).")
-@click.option("--epochs", type=int, default=HEAL_EPOCHS, show_default=True, help="Healing epochs (0: cut only).")
+@click.option("--epochs", type=int, default=HEAL_EPOCHS, show_default=True,
+              help="Healing epochs (0: cut only), unless --heal-steps is given.")
+@click.option("--heal-steps", type=int, help="Optimizer steps of a full heal (batches of 128; default: --epochs).")
+@click.option("--screen-steps", type=int,
+              help="auto: optimizer steps of each candidate's screening heal (default: a quarter of a full heal); "
+                   "the winner is healed fully.")
+@click.option("--resume", is_flag=True,
+              help="auto: continue the search journalled in OUT.search.jsonl without healing its finished "
+                   "candidates again.")
 @click.option("--lr", type=float, default=HEAL_LR, show_default=True, help="Peak healing learning rate.")
 @click.option("--distill", is_flag=True, help="Also distil the uncut model's logits while healing.")
 @click.option("--metric", help="Curve whose plateau sets the cut (default: the analysis's, else token_similarity).")
@@ -396,31 +408,38 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
               help="Images per batch and process.")
 @WORKERS
 def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval_data: str | None, strategy: str | None,
-             keep: int | None, max_drop: float, budget: int, train_last: int | None, epochs: int, lr: float,
-             distill: bool, metric: str | None, images: int, fmt: str, report: Path | None, arch: str | None,
+             keep: int | None, max_drop: float, confidence: float, budget: int, train_last: int | None, epochs: int,
+             heal_steps: int | None, screen_steps: int | None, resume: bool, lr: float, distill: bool,
+             metric: str | None, images: int, fmt: str, report: Path | None, arch: str | None,
              num_heads: int | None, no_ema: bool, seed: int, mean: tuple[float, ...] | None,
              std: tuple[float, ...] | None, progress: bool | None, device: str, devices: int, num_nodes: int,
              dist_strategy: str, precision: str | None, batch_size: int, workers: int) -> None:
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
     fine-tuning its late blocks."""
     from .._utils.option_error import OptionError
+    from ..truncation.journal import journal_path
     from ..truncation.truncate import candidates_table, report_table, truncate
+    from ..truncation.truncate_report import verdict_line
 
     ctx = click.get_current_context()
-    typed = any(ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE for n in ("max_drop", "budget"))
-    if typed and (strategy or ("auto" if keep is None else "")) != "auto":  # a config file's default is no request
-        raise click.UsageError("--max-drop and --budget apply to --strategy auto only")
+    search_only = ("max_drop", "confidence", "budget", "screen_steps", "resume")
+    typed = any(ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE for n in search_only)
+    auto = (strategy or ("auto" if keep is None else "")) == "auto"
+    if typed and not auto:  # a config file's default is no request
+        raise click.UsageError("--max-drop, --confidence, --budget, --screen-steps and --resume apply to "
+                               "--strategy auto only")
     hugging_face = checkpoint.is_dir()  # a save_pretrained directory: --out is a new directory
     _check_paths({"": checkpoint}, files={"--report": report, **({} if hugging_face else {"--out": out})},
                  folders={"--out": out} if hugging_face else {})
     try:
         result = truncate(checkpoint, out, analysis=analysis, data=data, eval_data=eval_data, strategy=strategy,
-                          keep=keep, max_drop=max_drop, budget=budget,
-                          train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images,
-                          fmt=fmt, report=report, arch=arch, num_heads=num_heads, prefer_ema=not no_ema, mean=mean,
-                          std=std, device=_device(device), seed=seed, progress=_progress(progress), devices=devices,
-                          num_nodes=num_nodes, dist_strategy=dist_strategy, precision=precision,
-                          batch_size=batch_size, workers=workers)
+                          keep=keep, max_drop=max_drop, confidence=confidence, budget=budget, train_last=train_last,
+                          epochs=epochs, heal_steps=heal_steps, screen_steps=screen_steps,
+                          journal=journal_path(out) if auto else None, resume=resume, lr=lr, distill=distill,
+                          metric=metric, images=images, fmt=fmt, report=report, arch=arch, num_heads=num_heads,
+                          prefer_ema=not no_ema, mean=mean, std=std, device=_device(device), seed=seed,
+                          progress=_progress(progress), devices=devices, num_nodes=num_nodes,
+                          dist_strategy=dist_strategy, precision=precision, batch_size=batch_size, workers=workers)
     except OptionError as exc:  # worded with this command's flags (--keep K), not Python's parameters (keep=K)
         raise click.ClickException(exc.worded({p.name: p.opts[0] for p in ctx.command.params if p.name})) from None
     if not result.writer:  # another process of a distributed run prints and writes
@@ -430,9 +449,9 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
                                       for part, d in result.report["data"].items()))
     if result.report["search"]:
         click.echo(candidates_table(result.report))
-        if result.report["search"]["message"]:
-            click.echo(result.report["search"]["message"])
     click.echo(report_table(result.report))
+    if result.report["search"]:
+        click.echo(verdict_line(result.report))
     for path in result.paths:
         click.echo(f"wrote {path}")
     if result.report.get("validate_command"):

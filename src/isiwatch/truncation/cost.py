@@ -51,11 +51,30 @@ def _seconds(model: nn.Module, x: Tensor) -> float:
     return time.perf_counter() - start
 
 
-@torch.no_grad()
 def measure_latency(models: Mapping[str, nn.Module], images: Tensor, *, warmup: int = 3,
                     rounds: int = 20) -> dict[str, float]:
-    """Median wall time in milliseconds of one eval-mode forward pass over ``images`` for each model, at the
-    current torch thread count (CUDA synchronised).
+    """Median wall time in milliseconds of one eval-mode forward pass over ``images`` for each model
+    (:func:`latency_samples`)."""
+    return {name: statistics.median(values)
+            for name, values in latency_samples(models, images, warmup=warmup, rounds=rounds).items()}
+
+
+def differs(a: list[float], b: list[float]) -> bool:
+    """Whether two latency samples differ by more than their noise: their interquartile ranges do not
+    overlap (a difference within them is not shown as one)."""
+    def quartiles(values: list[float]) -> tuple[float, float]:
+        q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+        return q[0], q[2]
+
+    (a_low, a_high), (b_low, b_high) = quartiles(a), quartiles(b)
+    return a_high < b_low or b_high < a_low
+
+
+@torch.no_grad()
+def latency_samples(models: Mapping[str, nn.Module], images: Tensor, *, warmup: int = 3,
+                    rounds: int = 20) -> dict[str, list[float]]:
+    """Wall times in milliseconds of ``rounds`` eval-mode forward passes over ``images`` for each model, at
+    the current torch thread count (CUDA synchronised).
 
     The models are interleaved (every round times each once, in a rotating order) so that load from other
     processes, clock changes and cache effects fall on all of them alike; ``warmup`` untimed rounds first.
@@ -80,4 +99,4 @@ def measure_latency(models: Mapping[str, nn.Module], images: Tensor, *, warmup: 
     finally:
         for name, m in models.items():
             m.train(modes[name])
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -40,19 +42,23 @@ from ..measure.depth import DepthRecommendation, recommend_depth
 from ..measure.phases import Phases
 from ..taps import vit_parts
 from .classifier_layout import block_list
+from .confidence import AcceptanceRule, PairedDrop
 from .cost import count_parameters, forward_flops, measure_latency
 from .data_split import Data, Split, load_split
 from .engine import FabricOptions
 from .healing import Images, accuracy, default_train_last, heal, predict
+from .journal import SearchJournal
+from .search import Candidate, CutSearch, Score, SearchProgress
 from .strategies import (
     DEFAULT_BUDGET,
+    DEFAULT_CONFIDENCE,
     DEFAULT_MAX_DROP,
     DEFAULT_STRATEGY,
     HEAL_EPOCHS,
     HEAL_LR,
+    SCREEN_FRACTION,
     STRATEGIES,
     CutInputs,
-    CutSearch,
     check_search_options,
     choose_blocks,
     get_strategy,
@@ -117,9 +123,14 @@ class TruncateRequest:
     strategy: str | None = None
     keep: int | None = None
     max_drop: float = DEFAULT_MAX_DROP
+    confidence: float = DEFAULT_CONFIDENCE
     budget: int = DEFAULT_BUDGET
     train_last: int | None = None
     epochs: int = HEAL_EPOCHS
+    heal_steps: int | None = None
+    screen_steps: int | None = None
+    journal: Path | None = None
+    resume: bool = False
     lr: float = HEAL_LR
     distill: bool = False
     metric: str | None = None
@@ -151,14 +162,17 @@ class TruncateRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint, nn.Module):
             self.checkpoint = Path(self.checkpoint)
-        self.out, self.analysis, self.report = (None if p is None else Path(p)
-                                                for p in (self.out, self.analysis, self.report))
+        self.out, self.analysis, self.report, self.journal = (
+            None if p is None else Path(p) for p in (self.out, self.analysis, self.report, self.journal))
         self.strategy = self.strategy or ("auto" if self.keep is None else DEFAULT_STRATEGY)
         if self.strategy != "auto":
             get_strategy(self.strategy)
         elif self.keep is not None:
             raise OptionError("{keep} fixes the depth; it cannot be combined with {strategy:'auto'}")
-        check_search_options(self.max_drop, self.budget)
+        check_search_options(self.max_drop, self.budget, self.confidence, self.heal_steps, self.screen_steps)
+        if self.resume and self.journal is None:
+            raise OptionError("{resume} continues the search journalled in {journal}; give one (the command line "
+                              "keeps it beside {out})")
         if self.fmt not in ("pt", "safetensors"):
             raise ValueError(f"unknown format {self.fmt!r} (use 'pt' or 'safetensors')")
         if self.epochs < 0 or self.images < 4:
@@ -174,16 +188,17 @@ class TruncateRequest:
             raise OptionError("{mean} and {std} normalise images read from a name or a folder; tensors and "
                               "DataLoaders are used as they are")
         path = None if isinstance(self.checkpoint, nn.Module) else self.checkpoint
-        _check_paths({"checkpoint": path, "analysis": self.analysis}, {"out": self.out, "report": self.report})
+        _check_paths({"checkpoint": path, "analysis": self.analysis},
+                     {"out": self.out, "report": self.report, "journal": self.journal})
         if path is not None and path.is_dir() and self.out is not None and self.out.exists():
             raise OptionError("{out} {path}: exists; a truncated Hugging Face model is written to a new directory",
                               path=self.out)
 
 
 class HealOptions(TypedDict, total=False):
-    """Keyword arguments of :func:`~isiwatch.truncation.healing.heal`."""
+    """Keyword arguments of :func:`~isiwatch.truncation.healing.heal` shared by every heal of a plan (the
+    steps are each heal's own)."""
 
-    epochs: int
     lr: float
     teacher: nn.Module | None
     seed: int
@@ -217,8 +232,34 @@ class TruncationPlan:
     def heal_options(self) -> HealOptions:
         """Keyword arguments of :func:`heal` for every cut of this plan."""
         r = self.request
-        return {"epochs": r.epochs, "lr": r.lr, "teacher": self.uncut if r.distill else None, "seed": r.seed,
+        return {"lr": r.lr, "teacher": self.uncut if r.distill else None, "seed": r.seed,
                 "amp": r.device.startswith("cuda"), "train_last": r.train_last}
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps of one pass over the healing images: the loader's batches (this process's shard)."""
+        return max(1, len(self.split.train_x))
+
+    @property
+    def heal_steps(self) -> int:
+        """Optimizer steps of a full heal: ``heal_steps``, else ``epochs`` passes over the healing images."""
+        r = self.request
+        return r.heal_steps if r.heal_steps is not None else r.epochs * self.steps_per_epoch
+
+    @property
+    def screen_steps(self) -> int:
+        """Optimizer steps of a screening heal (``auto``): ``screen_steps``, else :data:`SCREEN_FRACTION` of the
+        full heal (at least one step, at most all of them)."""
+        r = self.request
+        if r.screen_steps is not None:
+            return min(r.screen_steps, self.heal_steps)
+        return min(self.heal_steps, max(1, round(SCREEN_FRACTION * self.heal_steps)))
+
+    def heal(self, model: nn.Module, steps: int, progress: bool = False) -> int:
+        """Heal ``model`` (a cut of the uncut model) for ``steps`` optimizer steps on the healing images."""
+        epochs = math.ceil(steps / self.steps_per_epoch)
+        return heal(model, self.split.train_x, self.split.train_y, epochs=epochs, max_steps=steps,
+                    progress=progress, **self.heal_options)
 
 
 def _load(request: TruncateRequest) -> tuple[Checkpoint, nn.Module]:
@@ -299,13 +340,11 @@ def execute(plan: TruncationPlan) -> Execution:
     """Cut and heal: the planned blocks, or the ``auto`` search (:func:`auto_cut`)."""
     r, split = plan.request, plan.split
     if plan.kept is None:
-        assert plan.recommendation is not None and plan.distances is not None  # plan() prepares both for auto
-        model, kept, search = auto_cut(plan.uncut, split, plan.recommendation, plan.phases, plan.distances,
-                                       r.max_drop, r.budget, r.seed, plan.heal_options, r.progress)
-        steps = search["winner"]["healing_steps"] if search["winner"] else 0
+        model, kept, search = auto_cut(plan)
+        steps = search["healing_steps"]
         return Execution(model, kept, steps, search, split.test_x, split.test_y)
     model = cut_vit(plan.uncut, plan.kept)
-    steps = heal(model, split.train_x, split.train_y, progress=r.progress, **plan.heal_options)
+    steps = plan.heal(model, plan.heal_steps, progress=r.progress)
     return Execution(model, plan.kept, steps, None, *split.held_out)
 
 
@@ -318,12 +357,14 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
     before = predict(cut_vit(plan.uncut, kept), x) if len(kept) < depth else reference
     result = measure(plan.checkpoint, plan.uncut, execution.model, first_images(x, 64)[0], execution.eval_y,
                      reference, before, after)
-    result.update({"strategy": r.strategy if search is None else f"auto: {search['winner_strategy']}",
+    strategy = r.strategy if search is None else \
+        f"auto: {search['winner_strategy']}" if search["winner"] else "auto: nothing cut"
+    result.update({"strategy": strategy,
                    "metric": plan.metric, "phases": plan.phases.to_dict() if plan.phases else None,
                    "recommendation": plan.recommendation.to_dict() if plan.recommendation else None,
                    "kept_blocks": kept, "dropped_blocks": sorted(set(range(depth)) - set(kept)),
                    "train_last": default_train_last(len(kept)) if r.train_last is None else r.train_last,
-                   "epochs": r.epochs, "healing_steps": execution.healing_steps,
+                   "epochs": r.epochs, "heal_steps": plan.heal_steps, "healing_steps": execution.healing_steps,
                    "lr": r.lr, "distill": r.distill, "data": plan.split.data, "weights": plan.checkpoint.weights,
                    "normalization": plan.normalization.to_dict() if plan.normalization else None,
                    "device": str(plan.fabric.device), "processes": plan.fabric.world_size,
@@ -335,6 +376,11 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
         result["validate_command"] = shlex.join(validate_py_command(
             data, plan.checkpoint.arch, r.out, cut_model_kwargs(plan, execution), plan.normalization,
             plan.fabric.device.type))
+    if search is not None:  # the winner (or the uncut model) scored once on the test split
+        labels = execution.eval_y
+        drop = PairedDrop.from_correct((reference == labels).tolist(), (after == labels).tolist())
+        search["test"] = {"points": 100 * drop.drop, **drop.to_dict(),
+                          "within_max_drop": 100 * drop.drop <= r.max_drop + 1e-9}
     return result
 
 
@@ -395,9 +441,14 @@ def truncate(
     strategy: str | None = None,
     keep: int | None = None,
     max_drop: float = DEFAULT_MAX_DROP,
+    confidence: float = DEFAULT_CONFIDENCE,
     budget: int = DEFAULT_BUDGET,
     train_last: int | None = None,
     epochs: int = HEAL_EPOCHS,
+    heal_steps: int | None = None,
+    screen_steps: int | None = None,
+    journal: str | Path | None = None,
+    resume: bool = False,
     lr: float = HEAL_LR,
     distill: bool = False,
     analysis: str | Path | None = None,
@@ -422,8 +473,10 @@ def truncate(
 ) -> TruncateResult:
     """Cut a trained ViT down to fewer blocks and heal it by fine-tuning its late blocks.
 
-    By default (``auto``) it searches for the cheapest healed cut whose validation accuracy stays within
-    ``max_drop`` points of the uncut model's; when none does, the uncut weights are returned. The steps are
+    By default (``auto``, :mod:`isiwatch.truncation.search`) it searches for the cheapest healed cut whose
+    accuracy drop is certified within ``max_drop`` points of the uncut model's on the validation images (the upper
+    ``confidence`` bound of the paired drop, :mod:`isiwatch.truncation.confidence`), heals the winner fully and
+    scores it once on the test images; when none qualifies, the uncut weights are returned. The steps are
     :class:`TruncateRequest` (checks the options before anything is read), :func:`plan`, :func:`execute`,
     :func:`report` and :func:`write`; :func:`~isiwatch.truncation.surgery.cut` and
     :func:`~isiwatch.truncation.healing.heal` do the surgery and the healing on their own. The input is never
@@ -446,10 +499,18 @@ def truncate(
             :data:`~isiwatch.truncation.strategies.STRATEGIES` (``"bi"`` by default with ``keep``).
         keep: Blocks to keep, for a fixed strategy; None: the plateau cut's depth for ``plateau``, the recommended
             depth (:func:`~isiwatch.measure.depth.recommend_depth`) for the others.
-        max_drop: ``auto``: validation accuracy points a cut may lose.
-        budget: ``auto``: candidates healed at most.
+        max_drop: ``auto``: accuracy points a cut may lose.
+        confidence: ``auto``: confidence of the drop's upper bound, Bonferroni-corrected over ``budget`` (plus
+            one for the winner's full heal); 0: the observed validation drop (a point estimate).
+        budget: ``auto``: candidates screened at most.
         train_last: Kept blocks to fine-tune, counted from the end; None: the late half.
-        epochs: Healing epochs (0: cut only).
+        epochs: Healing epochs (0: cut only), when ``heal_steps`` is None.
+        heal_steps: Optimizer steps of a full heal (batches of 128 images); None: ``epochs`` passes.
+        screen_steps: ``auto``: optimizer steps of each candidate's screening heal; None: a quarter of
+            ``heal_steps`` (at least 1).
+        journal: ``auto``: a JSON-lines file the search appends each finished candidate to.
+        resume: ``auto``: take the candidates an interrupted run of the same search left in ``journal``
+            instead of healing them again.
         lr: Peak healing learning rate.
         distill: Also distil the uncut model's logits while healing.
         analysis: An ``analysis.json`` of this model (default: analyse it on ``images`` healing images).
@@ -485,8 +546,10 @@ def truncate(
     source = checkpoint_or_model if isinstance(checkpoint_or_model, nn.Module) else Path(checkpoint_or_model)
     return _run(TruncateRequest(
         source, out=None if out is None else Path(out), analysis=None if analysis is None else Path(analysis),
-        data=data, eval_data=eval_data, strategy=strategy, keep=keep, max_drop=max_drop, budget=budget,
-        train_last=train_last, epochs=epochs, lr=lr, distill=distill, metric=metric, images=images, fmt=fmt,
+        data=data, eval_data=eval_data, strategy=strategy, keep=keep, max_drop=max_drop, confidence=confidence,
+        budget=budget, train_last=train_last, epochs=epochs, heal_steps=heal_steps, screen_steps=screen_steps,
+        journal=None if journal is None else Path(journal), resume=resume, lr=lr, distill=distill, metric=metric,
+        images=images, fmt=fmt,
         report=None if report is None else Path(report), arch=arch, num_heads=num_heads, prefer_ema=prefer_ema,
         mean=mean, std=std, device=device, seed=seed, progress=progress, batch_size=batch_size, workers=workers,
         devices=devices, num_nodes=num_nodes, dist_strategy=dist_strategy, precision=precision))
@@ -501,30 +564,79 @@ def _run(request: TruncateRequest) -> TruncateResult:
     return TruncateResult(execution.model, result, write(planned, execution, result), planned.fabric.is_global_zero)
 
 
-def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation, phases: Phases | None,
-             distances: BoundaryDistances, max_drop: float, budget: int, seed: int, heal_options: HealOptions,
-             progress: bool = False) -> tuple[nn.Module, list[int], dict[str, Any]]:
-    """The cheapest qualifying healed cut of ``uncut`` (or a copy of it), its kept blocks and the search record.
+def _search_header(plan: TruncationPlan, rule: AcceptanceRule, uncut_correct: Tensor) -> dict[str, Any]:
+    """What a journal records its search was: a resumed search must be this one to reuse its candidates."""
+    r = plan.request
+    return {"source_sha256": plan.checkpoint.sha256, "depth": plan.depth,
+            "data": plan.split.data, "uncut_validation_correct": int(uncut_correct.sum()), "rule": rule.to_dict(),
+            "budget": r.budget, "screen_steps": plan.screen_steps, "heal_steps": plan.heal_steps, "lr": r.lr,
+            "distill": r.distill, "train_last": r.train_last, "seed": r.seed, "metric": plan.metric}
 
-    ``heal_options``: keyword arguments of :func:`heal`.
+
+def _points(fraction: float) -> str:
+    value = 100 * fraction
+    return f"{value:.2f} point{'' if value == 1 else 's'}"
+
+
+def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]]:
+    """The cheapest certified healed cut of the plan's uncut model (or a copy of it), its kept blocks and the
+    search record (:mod:`isiwatch.truncation.search`).
+
+    Candidates are screened with :attr:`TruncationPlan.screen_steps` healing steps; the winner's cut is then
+    healed afresh with the full :attr:`TruncationPlan.heal_steps` and judged once more by the same rule (one more
+    bound in the Bonferroni count); should that fail, the screened model, which qualified, is returned. The
+    search journal (``journal``) makes an interrupted search resumable (``resume``).
     """
-    depth = len(block_list(uncut))
-    reference = accuracy(uncut, split.val_x, split.val_y)
-    inputs = CutInputs(phases, distances, seed)
+    r, split, uncut = plan.request, plan.split, plan.uncut
+    assert plan.recommendation is not None and plan.distances is not None  # plan() prepares both for auto
+    depth = plan.depth
+    uncut_correct = predict(uncut, split.val_x) == split.val_y
+    reference = float(uncut_correct.float().mean())
+    screen, full = plan.screen_steps, plan.heal_steps
+    rehealed = screen < full
+    rule = AcceptanceRule(r.max_drop, r.confidence, r.budget + rehealed)
+    inputs = CutInputs(plan.phases, plan.distances, r.seed)
 
     def blocks_for(strategy: str, keep: int) -> list[int] | None:
         if STRATEGIES[strategy].missing(inputs):  # plateau without a plateau
             return None
-        return choose_blocks(strategy, depth, keep, phases=phases, distances=distances, seed=seed)
+        return choose_blocks(strategy, depth, keep, phases=plan.phases, distances=plan.distances, seed=r.seed)
 
-    def heal_and_score(strategy: str, kept: list[int]) -> tuple[float, float, int, nn.Module]:
+    def heal_and_score(kept: list[int], steps: int) -> Score:
         model = cut_vit(uncut, kept)
         cut = accuracy(model, split.val_x, split.val_y)
-        steps = heal(model, split.train_x, split.train_y, **heal_options)
-        return cut, accuracy(model, split.val_x, split.val_y), steps, model
+        steps = plan.heal(model, steps)
+        correct = predict(model, split.val_x) == split.val_y
+        return Score(cut, float(correct.float().mean()),
+                     PairedDrop.from_correct(uncut_correct.tolist(), correct.tolist()), steps, model)
 
-    search = CutSearch(depth, reference, max_drop, budget, blocks_for, heal_and_score, progress=progress)
-    winner = search.run(recommendation.kept_blocks)
+    record: dict[str, Any] = {
+        "max_drop": r.max_drop, "confidence": r.confidence, "rule": rule.to_dict(), "budget": r.budget,
+        "screen_steps": screen, "heal_steps": full, "validation_images": len(split.val_y),
+        "test_images": len(split.test_y), "uncut_validation_accuracy": reference,
+        "certifiable": rule.certifiable(len(split.val_y)), "journal": None if r.journal is None else str(r.journal),
+        "resumed_candidates": 0, "candidates": [], "winner": None, "winner_strategy": "uncut", "full_heal": None,
+        "healing_steps": 0}
+    if not record["certifiable"]:
+        needed = rule.images_needed()
+        floor = rule.bound(PairedDrop(len(split.val_y), 0, 0))
+        record["message"] = (
+            f"no cut: {len(split.val_y)} validation images cannot certify any cut at {100 * r.confidence:g} % "
+            f"confidence over {rule.tests} bounds (even a cut that changes no prediction has an upper bound of "
+            f"{_points(floor)} > {r.max_drop:g}); "
+            + (f"it would take {needed} validation images, " if needed is not None else "")
+            + "a larger max drop, a smaller budget or confidence 0; kept the uncut model")
+        return copy.deepcopy(uncut), list(range(depth)), record
+    journal = SearchJournal(r.journal, _search_header(plan, rule, uncut_correct), resume=r.resume)
+    progress = SearchProgress(r.budget * screen + (full if rehealed else 0), r.budget, r.progress)
+    search = CutSearch(depth, rule, r.budget, blocks_for, lambda _strategy, kept: heal_and_score(kept, screen),
+                       journal=journal, progress=progress)
+    try:
+        winner = search.run(plan.recommendation.depth)
+        model = _final_heal(search, winner, heal_and_score, rule, record, progress, rehealed, full, screen)
+    finally:
+        progress.close()
+    record["resumed_candidates"] = sum(c.resumed for c in search.candidates)
     # costs depend only on the number of blocks kept: one cut per depth tried
     by_keep = {str(k): cut_vit(uncut, list(range(k))) for k in sorted({c.keep for c in search.candidates})}
     batch = first_images(split.val_x, 64)[0].to(next(uncut.parameters()).device)
@@ -533,15 +645,47 @@ def auto_cut(uncut: nn.Module, split: Split, recommendation: DepthRecommendation
                  "latency_ms": latency[k]} for k, m in by_keep.items()}
     for c in search.candidates:
         c.extra = {**costs[str(c.keep)], "winner": c is winner}
-    record = {"max_drop": max_drop, "budget": budget, "validation_images": len(split.val_y),
-              "test_images": len(split.test_y), "uncut_validation_accuracy": reference,
-              "uncut_latency_ms": latency["uncut"], "latency_batch": len(batch),
-              "candidates": [c.to_dict() for c in search.candidates],
-              "winner": winner.to_dict() if winner else None, "winner_strategy": winner.strategy if winner else "uncut",
-              "message": None if winner else (f"no cut of the {depth}-block model stays within {max_drop:g} points "
-                                              f"of its validation accuracy after {len(search.candidates)} "
-                                              "candidates; wrote the uncut model")}
+    record.update({"uncut_latency_ms": latency["uncut"], "latency_batch": len(batch),
+                   "candidates": [c.to_dict() for c in search.candidates],
+                   "winner": winner.to_dict() if winner else None,
+                   "winner_strategy": winner.strategy if winner else "uncut"})
     if winner is None:
+        closest = search.closest()
+        record["message"] = (f"no cut: no cut of the {depth}-block model was certified within {r.max_drop:g} "
+                             f"point{'' if r.max_drop == 1 else 's'} after {len(search.candidates)} candidates"
+                             + ("" if closest is None else
+                                f"; the closest, {closest.strategy} keeping {closest.keep} blocks, dropped "
+                                f"{_points(closest.drop.drop)} on validation with an upper bound of "
+                                f"{_points(closest.bound)}") + "; kept the uncut model")
         return copy.deepcopy(uncut), list(range(depth)), record
-    assert isinstance(search.best_model, nn.Module)  # the winner's healed model
-    return search.best_model, winner.kept, record
+    record["message"] = None
+    assert isinstance(model, nn.Module)
+    return model, winner.kept, record
+
+
+def _final_heal(search: CutSearch, winner: Candidate | None, heal_and_score: Callable[[list[int], int], Score],
+                rule: AcceptanceRule, record: dict[str, Any], progress: SearchProgress, rehealed: bool, full: int,
+                screen: int) -> nn.Module | None:
+    """The winner's model: healed afresh with the full budget when screening was shorter (kept if it qualifies,
+    recorded under ``full_heal``), else the screened model (healed again when it came from a journal)."""
+    if winner is None:
+        return None
+    if rehealed:
+        score = heal_and_score(winner.kept, full)
+        bound = rule.bound(score.drop)
+        qualifies = rule.qualifies(score.drop)
+        progress.advance(score.steps, len(search.candidates), f"full heal of K={winner.keep}")
+        record["full_heal"] = {"healing_steps": score.steps, "validation_accuracy": score.healed_accuracy,
+                               "validation_drop": {"points": 100 * score.drop.drop,
+                                                   "upper_bound_points": 100 * bound, **score.drop.to_dict()},
+                               "qualifies": qualifies}
+        if qualifies:
+            assert isinstance(score.model, nn.Module)
+            record["healing_steps"] = score.steps
+            return score.model
+    record["healing_steps"] = winner.healing_steps
+    if isinstance(search.best_model, nn.Module):
+        return search.best_model
+    model = heal_and_score(winner.kept, screen).model  # a journalled winner: the same seeded heal again
+    assert isinstance(model, nn.Module)
+    return model

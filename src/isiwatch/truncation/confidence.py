@@ -1,0 +1,148 @@
+"""When a cut "stays within ``max_drop``": an exact upper confidence bound on its paired accuracy drop.
+
+The uncut and the cut model are scored on the same validation images, so the comparison is paired: only the
+*discordant* images count — ``uncut_only`` (the uncut model right, the cut wrong) and ``cut_only`` (the other
+way round). The true drop is ``p_uncut_only − p_cut_only``. Its bound is the one-sided Clopper–Pearson upper
+bound of ``uncut_only / images`` at level α/2 minus the Clopper–Pearson lower bound of ``cut_only / images``
+at level α/2: each count is binomial on its own, so by Bonferroni both hold together with probability at least
+1 − α, and then the drop is below their difference. The bound is exact (never below its nominal coverage,
+whatever the true rates) and conservative.
+
+A search tries several candidates and keeps the cheapest that qualifies, so each bound is taken at
+α = (1 − confidence) / tests, ``tests`` being every bound the search may compute (Bonferroni over its budget):
+the chance that *any* qualifying candidate's true drop exceeds ``max_drop`` — hence the returned one's — is at
+most 1 − confidence. ``confidence`` 0 is the plain point estimate (the validation drop itself).
+
+Imports only the standard library and, for the beta quantiles, SciPy (loaded when a bound is computed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["AcceptanceRule", "PairedDrop", "upper_bound"]
+
+
+@dataclass(frozen=True)
+class PairedDrop:
+    """The paired comparison of an uncut and a cut model on the same ``images``: how many only the uncut model
+    classifies correctly (``uncut_only``) and how many only the cut one does (``cut_only``)."""
+
+    images: int
+    uncut_only: int
+    cut_only: int
+
+    def __post_init__(self) -> None:
+        if self.images < 1 or min(self.uncut_only, self.cut_only) < 0 or self.uncut_only + self.cut_only > self.images:
+            raise ValueError(f"not a paired comparison: {self.uncut_only} + {self.cut_only} discordant of "
+                             f"{self.images} images")
+
+    @classmethod
+    def from_correct(cls, uncut_correct: Sequence[bool], cut_correct: Sequence[bool]) -> PairedDrop:
+        """From per-image correctness of the uncut and the cut model (same images, same order)."""
+        if len(uncut_correct) != len(cut_correct):
+            raise ValueError(f"{len(uncut_correct)} uncut but {len(cut_correct)} cut scores: not the same images")
+        pairs = list(zip(map(bool, uncut_correct), map(bool, cut_correct), strict=True))
+        return cls(len(pairs), sum(u and not c for u, c in pairs), sum(c and not u for u, c in pairs))
+
+    @property
+    def drop(self) -> float:
+        """The observed accuracy drop (a fraction; negative when the cut model is better)."""
+        return (self.uncut_only - self.cut_only) / self.images
+
+    def to_dict(self) -> dict[str, int]:
+        return {"images": self.images, "uncut_only": self.uncut_only, "cut_only": self.cut_only}
+
+
+def _clopper_pearson_upper(successes: int, trials: int, alpha: float) -> float:
+    """The one-sided (1 − alpha) upper bound of a binomial proportion."""
+    if successes >= trials:
+        return 1.0
+    from scipy.stats import beta
+
+    return float(beta.ppf(1 - alpha, successes + 1, trials - successes))
+
+
+def _clopper_pearson_lower(successes: int, trials: int, alpha: float) -> float:
+    """The one-sided (1 − alpha) lower bound of a binomial proportion."""
+    if successes <= 0:
+        return 0.0
+    from scipy.stats import beta
+
+    return float(beta.ppf(alpha, successes, trials - successes + 1))
+
+
+def upper_bound(pair: PairedDrop, alpha: float) -> float:
+    """An upper bound on the true accuracy drop (a fraction) that holds with probability at least ``1 − alpha``
+    (see the module docstring); ``alpha`` 1 or more: the observed drop."""
+    if alpha >= 1:
+        return pair.drop
+    if not 0 < alpha:
+        raise ValueError(f"alpha must be above 0, got {alpha}")
+    return (_clopper_pearson_upper(pair.uncut_only, pair.images, alpha / 2)
+            - _clopper_pearson_lower(pair.cut_only, pair.images, alpha / 2))
+
+
+@dataclass(frozen=True)
+class AcceptanceRule:
+    """A candidate qualifies when the upper bound of its drop at ``confidence``, corrected for ``tests`` bounds
+    (Bonferroni), is at most ``max_drop`` accuracy points; ``confidence`` 0: when the observed drop is."""
+
+    max_drop: float
+    confidence: float
+    tests: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.confidence < 1:
+            raise ValueError(f"confidence must be at least 0 and below 1, got {self.confidence}")
+        if self.tests < 1:
+            raise ValueError(f"tests must be at least 1, got {self.tests}")
+
+    @property
+    def alpha(self) -> float:
+        """The error level of each bound: (1 − confidence) / tests (1: the point estimate)."""
+        return 1.0 if self.confidence == 0 else (1 - self.confidence) / self.tests
+
+    def bound(self, pair: PairedDrop) -> float:
+        """The drop's upper bound (a fraction; the observed drop at ``confidence`` 0)."""
+        return upper_bound(pair, self.alpha)
+
+    def qualifies(self, pair: PairedDrop) -> bool:
+        # a hair of slack so that a drop of exactly max_drop points, computed in floating point, qualifies
+        return self.bound(pair) <= self.max_drop / 100 + 1e-12
+
+    def images_needed(self) -> int | None:
+        """The fewest validation images on which a cut that changes no prediction at all qualifies; None when no
+        number does (``max_drop`` 0 at a confidence above 0)."""
+        if self.confidence == 0 or self.max_drop >= 100:
+            return 1
+        if self.max_drop <= 0:
+            return None
+        n = max(1, math.ceil(math.log(self.alpha / 2) / math.log1p(-self.max_drop / 100)))
+        while n > 1 and self.qualifies(PairedDrop(n - 1, 0, 0)):  # floating-point edges of the closed form
+            n -= 1
+        while not self.qualifies(PairedDrop(n, 0, 0)):
+            n += 1
+        return n
+
+    def certifiable(self, images: int) -> bool:
+        """Whether any cut can qualify on ``images`` validation images."""
+        needed = self.images_needed()
+        return needed is not None and images >= needed
+
+    def describe(self) -> str:
+        """How the rule reads in a report line."""
+        points = f"{self.max_drop:g} point{'' if self.max_drop == 1 else 's'}"
+        if self.confidence == 0:
+            return f"validation drop within {points} (point estimate)"
+        return (f"upper {100 * self.confidence:g} % confidence bound of the validation drop within {points} "
+                f"(exact, Bonferroni over {self.tests} bound{'' if self.tests == 1 else 's'})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_drop": self.max_drop, "confidence": self.confidence, "tests": self.tests, "alpha": self.alpha,
+                "method": "point estimate" if self.confidence == 0 else
+                "Clopper-Pearson on each discordant count at alpha/2, Bonferroni over tests",
+                "images_needed": self.images_needed()}
