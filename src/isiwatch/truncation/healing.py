@@ -13,7 +13,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from tqdm.auto import tqdm
 
 from ..io.timm_data import batches
@@ -80,6 +80,22 @@ def _batches(images: Tensor | Iterable[Any], labels: Tensor | None, batch_size: 
     for i in range(0, len(images), batch_size):
         idx = permutation[i:i + batch_size]
         yield images[idx], labels[idx]
+
+
+def _restart_order(images: Images, seed: int) -> None:
+    """Restart a shuffling loader's order at ``seed``, so a heal's batches are the same whichever heals read the
+    loader before it (a resumed search heals each candidate as an uninterrupted one did)."""
+    if isinstance(images, Tensor):
+        return
+    loader = images.loader if isinstance(images, ShardedLoader) else images
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, DistributedSampler):
+        sampler.seed = seed
+        if hasattr(loader, "_num_iter_calls"):  # Fabric's loader sets the sampler's epoch from its passes so far
+            loader._num_iter_calls = 0
+    generator = getattr(sampler, "generator", None)
+    if isinstance(generator, torch.Generator):
+        generator.manual_seed(seed)
 
 
 def train_classifier(
@@ -153,6 +169,7 @@ def train_classifier(
     else:
         raise ValueError(f"unknown schedule {schedule!r} (use 'onecycle' or 'cosine')")
     order_gen = torch.Generator().manual_seed(seed)
+    _restart_order(images, seed)
     step = 0
     quiet = not progress or total == 0 or (fabric is not None and not fabric.is_global_zero)
     bar = tqdm(total=total, desc=desc, disable=quiet, leave=False)
