@@ -180,3 +180,19 @@ def test_command_section_values_reach_the_command_and_null_keeps_its_default(tmp
     assert check(path) == (0, f"{path}: OK (0 Watch options; command sections: analyze, truncate)\n")
     ctx = main.make_context("isiwatch", ["--config", str(path), "config", "check", str(path)])
     assert ctx.default_map == {"analyze": {"batch_size": 32, "isi_recon": True}, "truncate": {"fmt": "safetensors"}}
+
+
+def test_an_oversized_config_is_refused_before_yaml_builds_it_in_the_watch_too(tmp_path):
+    """A 25 MB list in a config once took 6 GB of memory before its error: the Watch's own ``config=`` path is
+    bounded as the command line's is, one line naming the file and its size."""
+    path = tmp_path / "isiwatch.yaml"
+    path.write_text("every_n_steps: 5\nmetrics: [" + "isi, " * 300_000 + "isi]\n")
+    size = path.stat().st_size
+    import timm
+
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7, in_chans=1,
+                              embed_dim=16, depth=2, num_heads=2)
+    with pytest.raises(ConfigError) as info:
+        Watch(model, torch.randn(8, 1, 28, 28), config=str(path))
+    assert str(info.value) == (f"{path}: {size:,} bytes is too large for an isiwatch.yaml (at most {1 << 20:,})")
+    assert path.stat().st_size == size

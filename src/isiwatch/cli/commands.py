@@ -114,13 +114,6 @@ def _section_defaults(ctx: click.Context, config: ConfigFile) -> dict[str, dict[
     return defaults
 
 
-def _bounded_config(path: Path) -> Path:
-    """``path``, refused before it is parsed when larger than any isiwatch.yaml (:data:`MAX_CONFIG_BYTES`)."""
-    from .._utils.files import MAX_CONFIG_BYTES, check_size
-
-    return check_size(path, MAX_CONFIG_BYTES, "an isiwatch.yaml")
-
-
 def _load_config(ctx: click.Context, _param: click.Parameter, value: Path | None) -> ConfigFile | None:
     """Runs before the group's error handling, so every problem must leave as a one-line ClickException."""
     if value is None:
@@ -128,7 +121,7 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: Path | None
     from ..watch.config import ConfigError, load_yaml
 
     try:
-        config = load_yaml(_bounded_config(value))
+        config = load_yaml(value)
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     ctx.default_map = _section_defaults(ctx, config)
@@ -158,7 +151,7 @@ def config_check(ctx: click.Context, file: Path) -> None:
     duplicate keys are reported with their line."""
     from ..watch.config import load_yaml
 
-    loaded = load_yaml(_bounded_config(file))
+    loaded = load_yaml(file)
     _section_defaults(ctx.find_root(), loaded)
     sections = ", ".join(sorted(loaded.sections)) or "none"
     click.echo(f"{file}: OK ({len(loaded.watch)} Watch options; command sections: {sections})")
@@ -310,7 +303,9 @@ def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int
 
     _check_paths(folders={"--out": out})
     if watch_config is not None:
-        _bounded_config(watch_config)
+        from ..watch.config import load_yaml
+
+        load_yaml(watch_config)  # refused before any work
 
     click.echo(f"torch threads: {set_torch_threads()} (the idle cores now; OMP_NUM_THREADS overrides)")
     run_demo(out, quick=quick, device=_device(device), config=watch_config, prometheus_port=prometheus_port,

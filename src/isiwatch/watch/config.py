@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from .._utils.files import MAX_CONFIG_BYTES, PathError, check_size
 from ..measure.analysis import METRICS
 from .friction import FRICTION_THRESHOLD
 
@@ -273,7 +274,10 @@ def load_yaml(path: str | Path) -> ConfigFile:
     """Read and validate ``isiwatch.yaml``; errors read ``FILE:LINE: problem``."""
     path = Path(path)
     try:
+        check_size(path, MAX_CONFIG_BYTES, "an isiwatch.yaml")  # before YAML builds whatever the file holds
         text = path.read_text(encoding="utf-8")
+    except PathError as exc:
+        raise ConfigError(str(exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config ({getattr(exc, 'strerror', None) or exc})") from None
     loader, root = _compose(text, path)
