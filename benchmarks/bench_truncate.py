@@ -40,6 +40,7 @@ from isiwatch.measure.boundary_distances import boundary_distances
 from isiwatch.measure.phases import Phases
 from isiwatch.truncation.cost import count_flops, count_parameters, forward_flops, measure_latency
 from isiwatch.truncation.healing import (
+    HEAL_BATCH,
     accuracy,
     default_train_last,
     heal,
@@ -61,7 +62,6 @@ def plateau_keep(phases: Phases) -> int:
 
 BASE_BATCH = 256  # pre-training and scratch batch (fewer, larger steps: per-step overhead dominates on CPU)
 BASE_LR = 3e-3
-HEAL_BATCH = 128  # the library's healing batch
 PHASE_METRICS = ("token_similarity", "probe_cls", "probe_patch_mean", "attn_token_change", "isi")
 
 

@@ -43,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_depth import BATCH, LR, PROBE_IMAGES, build_model, checkpoint_path, mean_ci  # noqa: E402
 from bench_truncate import step_flops  # noqa: E402
-from depth_tasks import TASKS, load_task  # noqa: E402
+from depth_tasks import TASKS, Task, load_task  # noqa: E402
 from machine import machine  # noqa: E402
 
 from isiwatch._utils.files import write_json  # noqa: E402
@@ -55,6 +55,7 @@ from isiwatch.measure.depth import recommend_depth  # noqa: E402
 from isiwatch.truncation.confidence import PairedDrop  # noqa: E402
 from isiwatch.truncation.cost import count_parameters, forward_flops, measure_latency  # noqa: E402
 from isiwatch.truncation.healing import (  # noqa: E402
+    HEAL_BATCH,
     accuracy,
     default_train_last,
     heal,
@@ -65,7 +66,6 @@ from isiwatch.truncation.healing import (  # noqa: E402
 from isiwatch.truncation.strategies import DEFAULT_BUDGET, DEFAULT_MAX_DROP  # noqa: E402
 from isiwatch.truncation.truncate import (  # noqa: E402
     HEAL_EPOCHS,
-    Split,
     TruncateRequest,
     TruncationPlan,
     auto_cut,
@@ -75,7 +75,6 @@ from isiwatch.truncation.truncate import (  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "truncate_auto"
 FIXED = ("recommended", "bi", "angular", "tail", "random", "plateau")
-HEAL_BATCH = 128
 
 
 def load_items(path: Path) -> dict[str, dict]:
@@ -97,14 +96,14 @@ def load_deep(task, depth: int, seed: int, epochs: int, work: Path):
     return model.eval()
 
 
-def auto_plan(model, split: Split, measured: tuple, seed: int, **options) -> TruncationPlan:
+def auto_plan(model, split: Task, measured: tuple, seed: int, **options) -> TruncationPlan:
     """A truncate plan of an in-memory sweep model on ``split``; ``measured``: its recommendation, phases and
     boundary distances; ``options``: :class:`TruncateRequest` fields (max_drop, confidence, budget, ...)."""
     recommendation, phases, distances = measured
     request = TruncateRequest(model, seed=seed, **options)
     source = Checkpoint(Path("<sweep model>"), "vit", {}, {}, "")
-    return TruncationPlan(request, source, model, split, None, DEFAULT_PHASE_METRIC, phases, recommendation,
-                          distances, None)
+    return TruncationPlan(request, source, model, split, None, request.fabric_options.launch(), DEFAULT_PHASE_METRIC,
+                          phases, recommendation, distances, None)
 
 
 def measure_model(model, task, max_drop: float) -> tuple:
@@ -155,13 +154,14 @@ def run_one(task, seed: int, args, items: Path) -> None:
 VARIANTS = {"plain 0.95": (0.95, False), "distill 0.95": (0.95, True), "plain 0 (point estimate)": (0.0, False)}
 
 
-def resampled(task, seed: int, resample: int) -> Split:
+def resampled(task: Task, seed: int, resample: int) -> Task:
     """The task with its held-out images shuffled (seeded by model seed and resample) and halved again into
     validation and test."""
     held_x, held_y = torch.cat([task.val_x, task.test_x]), torch.cat([task.val_y, task.test_y])
     order = torch.randperm(len(held_y), generator=torch.Generator().manual_seed(1000 * seed + resample))
     val, test = order[:len(order) // 2], order[len(order) // 2:]
-    return Split(task.train_x, task.train_y, held_x[val], held_y[val], held_x[test], held_y[test])
+    return Task(task.train_x, task.train_y, held_x[val], held_y[val], held_x[test], held_y[test], task.name,
+                task.model_kwargs)
 
 
 def guarantee_one(task, seed: int, args, items: Path) -> None:

@@ -17,19 +17,29 @@ import torch
 from torch import Tensor
 
 from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
-from isiwatch.truncation.truncate import Split
 
 TASKS = ("digits", "max_pair")
 PAIRS_TRAIN, PAIRS_HELD_OUT = 8000, 2000
 
 
 @dataclass
-class Task(Split):
-    """A truncate :class:`~isiwatch.truncation.truncate.Split` with the task's name and the timm ViT kwargs (besides
-    depth and width) its images need."""
+class Task:
+    """Healing, validation and test tensors in the shape truncate's search reads a split (``auto_cut`` takes it as
+    its plan's split), the task's name and the timm ViT kwargs (besides depth and width) its images need."""
 
+    train_x: Tensor
+    train_y: Tensor
+    val_x: Tensor
+    val_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
     name: str = ""
     model_kwargs: dict = field(default_factory=dict)
+    data: dict = field(default_factory=dict)
+
+    @property
+    def held_out(self) -> tuple[Tensor, Tensor]:
+        return torch.cat([self.val_x, self.test_x]), torch.cat([self.val_y, self.test_y])
 
 
 def _pairs(images: Tensor, labels: Tensor, count: int, seed: int) -> tuple[Tensor, Tensor]:

@@ -31,6 +31,8 @@ __all__ = ["accuracy", "default_train_last", "heal", "Images", "make_digits_vit"
 DIGITS_VIT_KWARGS = {"img_size": 28, "patch_size": 7, "in_chans": 1, "num_classes": 10, "embed_dim": 64,
                      "depth": 12, "num_heads": 4, "mlp_ratio": 4.0}
 DIGITS_VIT_ARCH = "vit_tiny_patch16_224"
+#: Images per optimizer step when healing (or training) on tensors; a DataLoader keeps its own batch size.
+HEAL_BATCH = 128
 
 
 def make_digits_vit(seed: int = 0, **overrides: Any) -> tuple[nn.Module, dict[str, Any]]:
@@ -104,7 +106,7 @@ def train_classifier(
     labels: Tensor | None = None,
     *,
     epochs: int,
-    batch_size: int = 128,
+    batch_size: int = HEAL_BATCH,
     lr: float = 2e-3,
     weight_decay: float = 0.05,
     params: Iterable[nn.Parameter] | None = None,
@@ -240,7 +242,7 @@ def default_train_last(keep: int) -> int:
 
 def heal(model: nn.Module, data: Images, labels: Tensor | None = None, *,
          train_last: int | None = None, epochs: int = HEAL_EPOCHS, max_steps: int | None = None, lr: float = HEAL_LR,
-         batch_size: int = 128, teacher: nn.Module | None = None, seed: int = 0, progress: bool = False,
+         batch_size: int = HEAL_BATCH, teacher: nn.Module | None = None, seed: int = 0, progress: bool = False,
          amp: bool = False, fabric: Fabric | None = None) -> int:
     """Fine-tune the late blocks of a cut ViT in place with the early ones frozen: the blocks nearest the cut
     adapt to the input they now receive, while the early blocks keep the features the model learnt.

@@ -46,7 +46,7 @@ from .confidence import AcceptanceRule, PairedDrop
 from .cost import count_parameters, forward_flops, measure_latency
 from .data_split import Data, Split, load_split
 from .engine import FabricOptions
-from .healing import Images, accuracy, default_train_last, heal, predict
+from .healing import HEAL_BATCH, Images, accuracy, default_train_last, heal, predict
 from .journal import SearchJournal
 from .search import Candidate, CutSearch, Score, SearchProgress
 from .strategies import (
@@ -237,8 +237,10 @@ class TruncationPlan:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Optimizer steps of one pass over the healing images: the loader's batches (this process's shard)."""
-        return max(1, len(self.split.train_x))
+        """Optimizer steps of one pass over the healing images: the loader's batches (this process's shard), or
+        batches of :data:`~isiwatch.truncation.healing.HEAL_BATCH` of a tensor."""
+        images = self.split.train_x
+        return max(1, math.ceil(len(images) / HEAL_BATCH) if isinstance(images, Tensor) else len(images))
 
     @property
     def heal_steps(self) -> int:
@@ -355,7 +357,7 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
     x = execution.eval_x
     reference, after = predict(plan.uncut, x), predict(execution.model, x)
     before = predict(cut_vit(plan.uncut, kept), x) if len(kept) < depth else reference
-    result = measure(plan.checkpoint, plan.uncut, execution.model, first_images(x, 64)[0], execution.eval_y,
+    result = measure(plan.checkpoint, plan.uncut, execution.model, _timing_batch(x), execution.eval_y,
                      reference, before, after)
     strategy = r.strategy if search is None else \
         f"auto: {search['winner_strategy']}" if search["winner"] else "auto: nothing cut"
@@ -573,6 +575,11 @@ def _search_header(plan: TruncationPlan, rule: AcceptanceRule, uncut_correct: Te
             "distill": r.distill, "train_last": r.train_last, "seed": r.seed, "metric": plan.metric}
 
 
+def _timing_batch(images: Images) -> Tensor:
+    """The first 64 images (a tensor's or a loader's): the batch latencies and FLOPs are measured on."""
+    return images[:64] if isinstance(images, Tensor) else first_images(images, 64)[0]
+
+
 def _points(fraction: float) -> str:
     value = 100 * fraction
     return f"{value:.2f} point{'' if value == 1 else 's'}"
@@ -639,7 +646,7 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
     record["resumed_candidates"] = sum(c.resumed for c in search.candidates)
     # costs depend only on the number of blocks kept: one cut per depth tried
     by_keep = {str(k): cut_vit(uncut, list(range(k))) for k in sorted({c.keep for c in search.candidates})}
-    batch = first_images(split.val_x, 64)[0].to(next(uncut.parameters()).device)
+    batch = _timing_batch(split.val_x).to(next(uncut.parameters()).device)
     latency = measure_latency({"uncut": uncut, **by_keep}, batch, rounds=LATENCY_ROUNDS)
     costs = {k: {"parameters": count_parameters(m), "flops_per_image": forward_flops(m, batch[:1]),
                  "latency_ms": latency[k]} for k, m in by_keep.items()}
