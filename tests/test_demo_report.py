@@ -71,7 +71,7 @@ def test_demo_serve_keeps_the_exporter_up_after_the_demo_then_closes_it(demo_run
     assert f"serving the run's last Prometheus metrics at http://127.0.0.1:{port}/metrics for {SERVE_S} s" in output
     last_time, last_text = scrapes[-1]
     assert ended - last_time < SERVE_S + 0.6  # still answering in the serve window, after analysis and truncation
-    assert 'isiwatch_training_step{run="demo"} 64.0' in last_text  # the final sample
+    assert f'isiwatch_training_step{{run="demo"}} {QUICK.epochs * 32}.0' in last_text  # the final sample
     assert 'isiwatch_alert_active{kind="plateau_onset",run="demo"}' in last_text
     with pytest.raises(OSError):  # closed when the serve time is over
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
