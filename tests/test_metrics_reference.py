@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import isiwatch
+from isiwatch.measure.probes import split_images
 
 VARIANTS = {
     "cls": dict(),
@@ -179,8 +180,8 @@ def test_isi_recon_matches_the_papers_recipe(variant):
     model = make_vit(variant, True).eval()
     images = torch.randn(48, 1, 28, 28)
     result = isiwatch.analyze(model, images, with_isi_recon=True)
-    order = torch.randperm(48, generator=torch.Generator().manual_seed(0))  # the seeded 70/30 split
-    train, test = order[:34], order[34:]
+    train, test = split_images(images)  # the seeded 70/30 split of the images ranked by content, as the probes'
+    assert (len(train), len(test)) == (34, 14)
     p = model.num_prefix_tokens
     with torch.no_grad():
         e = model.patch_embed(images)  # patch embeddings before positional encoding, (B, N, De)
