@@ -218,9 +218,11 @@ def test_a_full_disk_under_log_dir_does_not_stop_training_and_export_recovers(di
     faults = [(r.kind, r.data["source"], r.step) for r in records if r.kind.startswith("monitor_error")]
     for source in ("exporter JsonlExporter", "exporter TensorBoardExporter"):
         episode = [(kind, step) for kind, s, step in faults if s == source]
-        # opened when the disk filled; a write that squeezes into a freed page may close and reopen it while
-        # the disk stays full; closed for good once the disk has room
-        assert episode[0] == ("monitor_error", 3) and episode[-1][0] == "monitor_error_cleared"
+        # opened once the disk is full (a JSONL line may still fit in its file's last block for a sample or two);
+        # a write that squeezes into a freed page may close and reopen it while the disk stays full; closed for
+        # good once the disk has room
+        assert episode[0][0] == "monitor_error" and 3 <= episode[0][1] < 8
+        assert episode[-1][0] == "monitor_error_cleared"
         assert 8 <= episode[-1][1] <= 9
     lines = (small_disk / "run" / "metrics.jsonl").read_text().splitlines()
     steps = [json.loads(line)["step"] for line in lines]  # every line whole: no torn record
