@@ -248,25 +248,31 @@ class Gateway(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_push_gateway_answering_500_is_reported_once_and_recovers(digits, unwatched):
+def train_against_gateway(digits, port, heal):
+    """12 watched training steps pushing to the gateway on ``port`` every 2 steps; ``heal()`` mends the gateway
+    after step 7, once the failed pushes have landed. Returns the training result and the alert records."""
     x, y, px, py = digits
-    Gateway.healthy, Gateway.pushes = False, []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     model = tiny_vit()
     records = []
-    watch = Watch(model, px, py, every_n_steps=2, pushgateway=f"127.0.0.1:{server.server_port}",
-                  alert_callback=records.append)
+    watch = Watch(model, px, py, every_n_steps=2, pushgateway=f"127.0.0.1:{port}", alert_callback=records.append)
 
     def gateway(step):
         time.sleep(0.05)  # as long as a real step, so a push can finish between samples
         if step == 7:
-            time.sleep(0.5)  # let the failed pushes land, then heal the gateway
-            Gateway.healthy = True
+            time.sleep(0.5)
+            heal()
 
+    result = train(model, x, y, 12, watch, gateway)
+    watch.close()
+    return result, records
+
+
+def test_a_push_gateway_answering_500_is_reported_once_and_recovers(digits, unwatched):
+    Gateway.healthy, Gateway.pushes = False, []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        result = train(model, x, y, 12, watch, gateway)
-        watch.close()
+        result, records = train_against_gateway(digits, server.server_port, lambda: setattr(Gateway, "healthy", True))
     finally:
         server.shutdown()
         server.server_close()
@@ -503,22 +509,9 @@ class NotHttp:
 
 
 def test_a_gateway_that_does_not_speak_http_is_reported_once_and_recovers(digits, unwatched):
-    x, y, px, py = digits
     server = NotHttp()
-    model = tiny_vit()
-    records = []
-    watch = Watch(model, px, py, every_n_steps=2, pushgateway=f"127.0.0.1:{server.port}",
-                  alert_callback=records.append)
-
-    def gateway(step):
-        time.sleep(0.05)  # as long as a real step, so a push can finish between samples
-        if step == 7:
-            time.sleep(0.5)
-            server.healthy = True
-
     try:
-        result = train(model, x, y, 12, watch, gateway)
-        watch.close()
+        result, records = train_against_gateway(digits, server.port, lambda: setattr(server, "healthy", True))
     finally:
         server.sock.close()
     assert_unperturbed(result, unwatched)
