@@ -167,6 +167,20 @@ def test_plateau_onset_fires_once_and_on_plateau_stops(digits):
     assert [a.kind for a in seen if a.kind == "early_stop"] == ["early_stop"]
 
 
+def test_on_plateau_never_stops_on_a_slow_start(digits):
+    """A flat stretch from block 0 is a slow start (info), not the paper's plateau: no stop, whatever its age."""
+    _, _, px, py = digits
+    model = mixing_vit()
+    mixing(model.blocks[:4], 0.0)  # blocks 0-3 change nothing: flat from the start, no Cliff before it
+    seen = []
+    watch = Watch(model, px, py, every_n_steps=1, plateau_patience=3, stop_on_plateau=True,
+                  alert_callback=seen.append)
+    for step in range(1, 10):
+        watch.step(step)
+    assert [a.kind for a in seen if a.kind in ("slow_start", "plateau_onset")] == ["slow_start"]
+    assert not watch.should_stop and watch.stop_reason is None
+
+
 def test_recommended_depth_drops_identity_blocks_and_reaches_prometheus(digits):
     _, _, px, _ = digits
     model = mixing_vit()

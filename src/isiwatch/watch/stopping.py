@@ -97,7 +97,9 @@ class EarlyStopping:
 
 class PlateauStopping:
     """``on_plateau``: stop once the plateau span (±``span_tolerance`` layers) and the last-layer probe
-    accuracy (±``accuracy_tolerance``) have both been stable for ``patience`` samples."""
+    accuracy (±``accuracy_tolerance``) have both been stable for ``patience`` samples. Only the paper's plateau
+    (after a Cliff) counts: a slow start (flat from block 0) says the first blocks have not learned yet, which is
+    no reason to stop."""
 
     def __init__(self, patience: int = 3, span_tolerance: int = 1, accuracy_tolerance: float = 0.01):
         self.patience, self.span_tolerance, self.accuracy_tolerance = patience, span_tolerance, accuracy_tolerance
@@ -105,7 +107,7 @@ class PlateauStopping:
         self.stable = 0
 
     def update(self, phases: Phases | None, accuracy: float | None) -> str | None:
-        if phases is None or accuracy is None or not math.isfinite(accuracy):
+        if phases is None or phases.slow_start or accuracy is None or not math.isfinite(accuracy):
             self.anchor, self.stable = None, 0
             return None
         if (self.anchor is not None and spans_near(phases.plateau, self.anchor[0], self.span_tolerance)
