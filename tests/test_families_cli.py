@@ -84,6 +84,23 @@ def test_a_directory_without_config_is_refused_in_one_line(tmp_path):
     assert "a directory without config.json" in result.output and len(result.output.strip().splitlines()) == 1
 
 
+def test_a_save_pretrained_directory_with_nan_weights_is_refused_in_one_line(tmp_path):
+    model = make_hf("hf_vit")
+    with torch.no_grad():
+        model.layers[1].mlp.fc1.weight[0, 0] = float("nan")
+    model.save_pretrained(tmp_path / "hf")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    for command in (["analyze", str(tmp_path / "hf"), "--out", str(tmp_path / "a")],
+                    ["truncate", str(tmp_path / "hf"), "--out", str(tmp_path / "cut"), "--keep", "1"]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 1, result.output
+        assert result.stderr == (f"Error: {tmp_path / 'hf'}: 1 weight tensor holds NaN or Inf (first: "
+                                 "'layers.1.mlp.fc1.weight'); a diverged or corrupted checkpoint "
+                                 "cannot be used\n")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "cut").exists()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == before
+
+
 HF_CLASSIFIERS = {
     "vit": lambda: hf.ViTForImageClassification(hf.ViTConfig(**HF_SIZE, num_labels=10)),
     "clip_vision": lambda: hf.CLIPForImageClassification(hf.CLIPConfig(vision_config=HF_SIZE, num_labels=10)),

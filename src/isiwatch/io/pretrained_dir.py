@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .._utils.files import WriteError
-from .checkpoint import CheckpointError, sha256_of
+from .checkpoint import CheckpointError, check_finite_weights, sha256_of
 
 #: Provenance record written next to a truncated model's config.json.
 METADATA_FILE = "isiwatch.json"
@@ -82,6 +82,7 @@ def load_pretrained_dir(path: str | Path) -> tuple[nn.Module, dict[str, Any], di
             model = cls.from_pretrained(path, local_files_only=True, use_safetensors=True)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise CheckpointError(f"{path}: cannot load {cls.__name__} ({str(exc).splitlines()[0]})") from None
+    check_finite_weights(path, model.state_dict())
     info = {"arch": type(model).__name__, "model_kwargs": {}, "checkpoint": str(path), "sha256": directory_sha256(path),
             "weights": "state_dict"}
     return model.eval(), _data_config(path), info
