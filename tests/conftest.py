@@ -7,8 +7,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # also what isiwatch._utils.threa
 
 import torch  # noqa: E402
 
-# One torch thread per test process: the suite also runs subprocesses (DDP ranks, Prometheus, Chromium) and
-# with two threads a busy 2-core machine makes every small forward spin-wait.
+# One torch thread per test process (each pytest-xdist worker too: two workers share two cores): the suite also
+# runs subprocesses (DDP ranks, Prometheus, Chromium) and with two threads a busy 2-core machine makes every small
+# forward spin-wait.
 torch.set_num_threads(1)
 
 import pytest  # noqa: E402
@@ -30,3 +31,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+    # The files that hold a slow test first, each file's tests in their order: the two pytest-xdist workers take
+    # whole files in this order (addopts in pyproject.toml), so the long files start early and the quick ones
+    # even out the end, instead of a long file starting last while the other worker idles.
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
