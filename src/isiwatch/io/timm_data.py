@@ -228,17 +228,22 @@ class DigitsSource(ImageSource):
 
 
 class Images(Dataset[tuple[Tensor, int]]):
-    """The images ``indices`` of ``source``, read in ``config``'s mode and transformed for training or evaluation."""
+    """The images ``indices`` of ``source``, read in ``config``'s mode and transformed for training or evaluation.
 
-    def __init__(self, source: ImageSource, indices: Sequence[int], config: DataConfig, training: bool):
-        self.source, self.indices, self.mode = source, list(indices), config.image_mode
+    The indices are kept as one int64 tensor (8 bytes an image; a slice of another is a view, not a copy), not a
+    Python list: a list's int objects have their reference counts written on every read, so each forked DataLoader
+    worker would copy the pages holding them, a copy per worker that grows with the dataset."""
+
+    def __init__(self, source: ImageSource, indices: Sequence[int] | Tensor, config: DataConfig, training: bool):
+        self.source, self.mode = source, config.image_mode
+        self.indices = torch.as_tensor(indices, dtype=torch.long)
         self.transform = config.transform(training)
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getitem__(self, i: int) -> tuple[Tensor, int]:
-        index = self.indices[i]
+        index = int(self.indices[i])
         return self.transform(self.source.image(index, self.mode)), int(self.source.labels()[index])
 
     def labels(self) -> Tensor:
@@ -297,9 +302,9 @@ def probe_images(model: nn.Module, data: str, count: int, config: DataConfig,
         raise DataOptionError("{images} must be at least 1, got {count}", count=count)
     source = image_source(data)
     if data == "mnist":
-        indices = list(range(len(source) - 1, -1, -1))[:count]
+        indices = torch.arange(len(source) - 1, -1, -1)[:count]
     else:
-        indices = torch.randperm(len(source), generator=torch.Generator().manual_seed(0))[:count].tolist()
+        indices = torch.randperm(len(source), generator=torch.Generator().manual_seed(0))[:count]
     images = Images(source, indices, config, training=False)
     threads = 0 if data == "mnist" else min(workers, 1 + len(indices) // DEFAULT_BATCH_SIZE)  # digits: in memory
     return first_images(loader(images, workers=threads), count)

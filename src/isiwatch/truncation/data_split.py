@@ -106,10 +106,10 @@ def _parts(data: Data, config: DataConfig | None, holdout: bool) -> tuple[_Part,
     if isinstance(data, (str, Path)):
         assert config is not None  # load_split resolves one for images read from a name or a folder
         source: ImageSource = image_source(data)
-        order = (list(range(len(source))) if str(data) == "mnist"
-                 else torch.randperm(len(source), generator=torch.Generator().manual_seed(0)).tolist())
+        order = (torch.arange(len(source)) if str(data) == "mnist"
+                 else torch.randperm(len(source), generator=torch.Generator().manual_seed(0)))
         cut = DIGITS_TRAIN if str(data) == "mnist" else _holdout_cut(len(source), str(data))
-        heal, held = (order[:cut], order[cut:]) if holdout else (order, [])
+        heal, held = (order[:cut], order[cut:]) if holdout else (order, order[:0])
         part = _Part(Images(source, heal, config, training=True), Images(source, heal, config, training=False))
         return part, (_Part(*(Images(source, held, config, training=t) for t in (True, False))) if holdout
                       else None), len(source)
