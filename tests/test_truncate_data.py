@@ -266,3 +266,15 @@ def test_dataset_errors_are_one_line(folders, train_py_ckpt, tmp_path):
     assert "not found under" in refused("--dataset", "torch/mnist", "--data", str(tmp_path))
     assert "name the splits of a --dataset" in refused("--train-split", "train", *data)
     assert not (tmp_path / "c.pt").exists()
+
+
+def test_a_split_indexes_one_tensor_of_image_indices(folders, train_py_ckpt):
+    """The parts of a folder's split index its images through views of one int64 tensor, not Python lists of ints:
+    every forked DataLoader worker would write those ints' reference counts and so copy their pages."""
+    from isiwatch.truncation.data_split import load_split
+
+    split = load_split(build_model(load_checkpoint(train_py_ckpt)), str(folders / "train"), workers=0)
+    heal, held = split.train_x.dataset, split.held_out_x.dataset
+    assert isinstance(heal.indices, torch.Tensor) and heal.indices.dtype == torch.long
+    assert heal.indices.untyped_storage().data_ptr() == held.indices.untyped_storage().data_ptr()
+    assert sorted(torch.cat([heal.indices, held.indices]).tolist()) == list(range(40))
