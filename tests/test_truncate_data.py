@@ -10,6 +10,7 @@ import importlib.util
 import json
 import re
 import struct
+import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -278,3 +279,22 @@ def test_a_split_indexes_one_tensor_of_image_indices(folders, train_py_ckpt):
     assert isinstance(heal.indices, torch.Tensor) and heal.indices.dtype == torch.long
     assert heal.indices.untyped_storage().data_ptr() == held.indices.untyped_storage().data_ptr()
     assert sorted(torch.cat([heal.indices, held.indices]).tolist()) == list(range(40))
+
+
+def test_tar_files_are_read_by_timms_image_tar_reader(folders, train_py_ckpt, tmp_path):
+    """``--data train.tar --eval-data validation.tar`` (timm's image-in-tar reader) scores as the folders they pack."""
+    tars = {}
+    for split in ("train", "validation"):
+        tars[split] = tmp_path / f"{split}.tar"
+        with tarfile.open(tars[split], "w") as tar:
+            for path in sorted((folders / split).rglob("*.png")):
+                tar.add(path, arcname=str(path.relative_to(folders / split)))
+    code, lines = truncate_cli(train_py_ckpt, tmp_path / "cut.pt", "--data", str(tars["train"]), "--eval-data",
+                               str(tars["validation"]), "--report", str(tmp_path / "tar.json"))
+    assert code == 0, lines
+    code, lines = truncate_cli(train_py_ckpt, tmp_path / "cut2.pt", "--data", str(folders),
+                               "--report", str(tmp_path / "folder.json"))
+    assert code == 0, lines
+    packed, unpacked = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("tar", "folder"))
+    assert packed["data"]["heal"] == {"source": str(tars["train"]), "images": 40, "of": 40}
+    assert packed["accuracy"] == unpacked["accuracy"]

@@ -192,18 +192,17 @@ def split_folder(root: Path, split: str) -> Path | None:
 
 
 def _targets(dataset: Any) -> Tensor:
-    """Every image's class without decoding images: a timm reader's or a torchvision folder's ``samples``, else a
-    dataset's ``targets``, else each item's label read in turn (a pass over the dataset's records)."""
+    """Every image's class without decoding images: the ``targets`` a reader (timm's tar reader) or a torchvision
+    dataset records, else the last field of each of a reader's ``samples`` (timm's folder reader: path, class),
+    else each item's label read in turn (a pass over the dataset's records)."""
     reader = getattr(dataset, "reader", None)
-    samples = getattr(dataset if reader is None else reader, "samples", None)
-    if samples is not None and len(samples):
-        return torch.tensor([int(target) for _, target in samples], dtype=torch.long)
-    targets = getattr(dataset, "targets", None)
-    if targets is not None:
-        labels = torch.as_tensor(targets)
-        if labels.ndim == 1:
-            return labels.long()
     items = dataset if reader is None else reader
+    targets = getattr(items, "targets", None)
+    if targets is not None and torch.as_tensor(targets).ndim == 1:
+        return torch.as_tensor(targets).long()
+    samples = getattr(items, "samples", None)
+    if samples is not None:
+        return torch.tensor([int(sample[-1]) for sample in samples], dtype=torch.long)
     return torch.tensor([int(items[i][1]) for i in range(len(items))], dtype=torch.long)
 
 
