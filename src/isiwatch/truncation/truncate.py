@@ -493,8 +493,10 @@ def truncate(
             Only for a checkpoint or directory: a model object has no architecture record to rebuild from.
         data: Healing and held-out images: ``"mnist"`` (the embedded digits), a folder tree or tar file that
             ``timm.data.create_dataset`` reads (20 % held out, unless it has ``train/`` and ``validation/``
-            sub-folders), model-ready ``(images, labels)`` tensors (the last 20 % held out) or a DataLoader of such
-            batches (its dataset split the same way, read in its batch size and workers). Images are streamed,
+            sub-folders), a split of a dataset timm's readers read (:class:`~isiwatch.io.timm_data.TimmDataset`,
+            e.g. ``TimmDataset("torch/cifar10", root, "train")``; held out as a folder is), model-ready
+            ``(images, labels)`` tensors (the last 20 % held out) or a DataLoader of such batches (its dataset
+            split the same way, read in its batch size and workers). Images are streamed,
             never all held in memory; those read from a name or a folder are preprocessed as timm's ``train.py``
             (healing) and ``validate.py`` (evaluation) would for this checkpoint.
         eval_data: Images to validate and test on (halved), in any form ``data`` takes; all of ``data`` then heals.
