@@ -4,13 +4,17 @@ through timm's data layer, so the peak should not grow with the dataset (goal: w
 The images are the embedded MNIST digits, upscaled to 224×224 RGB PNGs with a per-copy tint so repeats differ,
 written once into ``--work`` in timm ``train.py``'s layout (``train/`` with N images, ``validation/`` with N/10).
 The model is a small 224-px ViT made here (4 blocks, width 64) and saved as a timm ``train.py`` checkpoint; each
-size runs ``isiwatch truncate --strategy tail --keep 2 --epochs 1`` in a fresh process: the heal reads every
-training image once, evaluation every validation image three times.
+size runs ``isiwatch truncate --strategy tail --keep 2 --heal-steps S --batch-size B`` in a fresh process, with the
+same ``S`` and ``B`` for every size, so that only the dataset differs: the heal reads ``S`` batches drawn from all
+the training images (default: 20 batches of 100, one pass over the smallest set), evaluation every validation image
+three times. With ``B`` = 100 every batch is full at both sizes (200 validation images halve into one batch each),
+so a peak does not shrink merely because the small set's last batch is short.
 
 Peak RSS is the truncate process's own (``ru_maxrss`` from ``wait4``, exact) and the process tree's (itself plus
 its DataLoader workers, sampled every 0.2 s; forked workers share pages, so this sum is an upper bound).
 
-    python benchmarks/bench_truncate_memory.py [--sizes 2000 20000] [--work DIR] [--workers 2]
+    python benchmarks/bench_truncate_memory.py [--sizes 2000 20000] [--heal-steps 20] [--batch-size 100]
+        [--work DIR] [--workers 2]
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ RESULT = Path(__file__).parent / "results" / "truncate_memory" / "truncate_memor
 MODEL_KWARGS = {"img_size": 224, "patch_size": 16, "in_chans": 3, "num_classes": 10, "embed_dim": 64, "depth": 4,
                 "num_heads": 2}
 GOAL = 0.10
+#: Images per batch and healing steps, the same for every size: one pass over 2,000 images.
+BATCH_SIZE, HEAL_STEPS = 100, 20
 
 
 def write_images(root: Path, count: int, offset: int) -> None:
@@ -113,6 +119,9 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[2000, 20000])
     parser.add_argument("--work", type=Path, help="Where the images and the model go (default: a temporary folder)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--heal-steps", type=int, default=HEAL_STEPS,
+                        help="Optimizer steps of the heal, the same for every size")
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="Images per batch, for every size")
     parser.add_argument("--out", type=Path, default=RESULT)
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="isiwatch-memory-"))
@@ -122,7 +131,8 @@ def main() -> None:
     for size in args.sizes:
         root = dataset(work, size)
         command = [sys.executable, "-m", "isiwatch.cli", "truncate", str(ckpt), "--out", str(work / f"cut_{size}.pt"),
-                   "--data", str(root), "--strategy", "tail", "--keep", "2", "--epochs", "1", "--images", "64",
+                   "--data", str(root), "--strategy", "tail", "--keep", "2", "--heal-steps", str(args.heal_steps),
+                   "--batch-size", str(args.batch_size), "--images", "64",
                    "--workers", str(args.workers), "--accelerator", "cpu"]
         (work / f"cut_{size}.pt").unlink(missing_ok=True)
         measured = peak_rss(command)
@@ -132,8 +142,9 @@ def main() -> None:
     small, large = runs[0], runs[-1]
     growth = {key: large[key] / small[key] - 1 for key in ("process_mb", "tree_mb")}
     result = {"machine": machine(None), "model_kwargs": MODEL_KWARGS, "workers": args.workers, "goal": GOAL,
-              "command": "isiwatch truncate CKPT --data DIR --strategy tail --keep 2 --epochs 1 --images 64 "
-                         f"--workers {args.workers} --accelerator cpu",
+              "heal_steps": args.heal_steps, "batch_size": args.batch_size,
+              "command": f"isiwatch truncate CKPT --data DIR --strategy tail --keep 2 --heal-steps {args.heal_steps} "
+                         f"--batch-size {args.batch_size} --images 64 --workers {args.workers} --accelerator cpu",
               "runs": runs, "growth": growth, "within_goal": all(abs(g) <= GOAL for g in growth.values())}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -6,7 +6,11 @@ one line naming the file."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import re
+import struct
+import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -190,3 +194,107 @@ def test_bad_inputs_are_one_line_errors(folders, train_py_ckpt, tmp_path):
     lines = run("--data", str(folders), "--devices", "64", "--accelerator", "cpu")
     assert len(lines) == 1 and "--devices 64: this machine has" in lines[0], lines
     assert not (tmp_path / "c.pt").exists()
+
+
+def write_torchvision_mnist(root: Path) -> Path:
+    """torchvision's MNIST files under ``root/MNIST/raw`` (idx format, as its download leaves them): 40 of the embedded
+    digits as the train split, 30 others as the test split; nothing is downloaded."""
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    digits = DigitsSource()
+    for prefix, start, count in (("train", 0, 40), ("t10k", 40, 30)):
+        pixels, labels = digits.pixels[start:start + count], digits.labels()[start:start + count]
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(
+            struct.pack(">4i", 0x803, count, 28, 28) + pixels.numpy().tobytes())
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(
+            struct.pack(">2i", 0x801, count) + labels.to(torch.uint8).numpy().tobytes())
+    return root
+
+
+def truncate_cli(ckpt: Path, out: Path, *extra: str) -> tuple[int, list[str]]:
+    """``isiwatch truncate`` of a fixed cut without healing; its exit code and non-blank output lines."""
+    result = CliRunner().invoke(main, ["truncate", str(ckpt), "--out", str(out), "--strategy", "tail", "--keep", "2",
+                                       "--epochs", "0", "--images", "8", "--workers", "0", *extra])
+    return result.exit_code, [line for line in result.output.splitlines() if line.strip()]
+
+
+def test_dataset_names_a_timm_reader_and_its_splits(folders, train_py_ckpt, tmp_path):
+    """``--dataset torch/folder`` (torchvision's ImageFolder through timm's create_dataset) heals on the train split
+    and evaluates on the validation split: the uncut accuracy is validate.py's on that folder."""
+    code, lines = truncate_cli(train_py_ckpt, tmp_path / "cut.pt", "--dataset", "torch/folder", "--data", str(folders),
+                               "--report", str(tmp_path / "r.json"))
+    assert code == 0, lines
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["data"]["heal"] == {"source": f"torch/folder (train) in {folders}", "images": 40, "of": 40}
+    assert report["data"]["validation"]["source"] == f"torch/folder (validation) in {folders}"
+    assert report["held_out_images"] == 30
+    expected, _ = validate_py(build_model(load_checkpoint(train_py_ckpt)), folders / "validation",
+                              {"interpolation": "bicubic", "crop_pct": 0.875, "img_size": 28, "in_chans": 1})
+    assert report["accuracy"]["uncut"] == pytest.approx(expected, abs=1e-6)
+    assert f"validate.py {folders} --dataset torch/folder --split validation" in report["validate_command"]
+
+
+def test_a_torchvision_dataset_is_read_from_its_root(train_py_ckpt, tmp_path):
+    """``--dataset torch/mnist``: torchvision's MNIST files (held as its arrays, labels from its targets), train for
+    healing and the test split (``--val-split test``) halved into validation and test; the uncut accuracy is that of
+    the same digits written as a folder tree."""
+    root = write_torchvision_mnist(tmp_path / "tv")
+    code, lines = truncate_cli(train_py_ckpt, tmp_path / "cut.pt", "--dataset", "torch/mnist", "--data", str(root),
+                               "--val-split", "test", "--report", str(tmp_path / "r.json"))
+    assert code == 0, lines
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert (report["data"]["heal"]["images"], report["held_out_images"]) == (40, 30)
+    code, lines = truncate_cli(train_py_ckpt, tmp_path / "cut2.pt", "--data", str(write_digits(tmp_path / "f", 0, 40)),
+                               "--eval-data", str(write_digits(tmp_path / "v", 40, 30)),
+                               "--report", str(tmp_path / "r2.json"))
+    assert code == 0, lines
+    assert report["accuracy"] == json.loads((tmp_path / "r2.json").read_text())["accuracy"]
+
+
+def test_dataset_errors_are_one_line(folders, train_py_ckpt, tmp_path):
+    def refused(*extra: str) -> str:
+        code, lines = truncate_cli(train_py_ckpt, tmp_path / "c.pt", *extra)
+        assert code != 0 and len(lines) == 1 and "Traceback" not in lines[0], lines
+        return lines[0]
+
+    data = ("--data", str(folders))
+    assert "unknown dataset reader foo/" in refused("--dataset", "foo/bar", *data)
+    assert "Unknown torchvision dataset nonesuch" in refused("--dataset", "torch/nonesuch", *data)
+    if importlib.util.find_spec("datasets") is None:
+        assert "needs the datasets package (pip install datasets)" in refused("--dataset", "hfds/mnist", *data)
+    assert "streams images in one order" in refused("--dataset", "wds/shards", *data)
+    assert f"{folders}: no nope/ sub-folder" in refused("--dataset", "", "--val-split", "nope", *data)
+    assert "not found under" in refused("--dataset", "torch/mnist", "--data", str(tmp_path))
+    assert "name the splits of a --dataset" in refused("--train-split", "train", *data)
+    assert not (tmp_path / "c.pt").exists()
+
+
+def test_a_split_indexes_one_tensor_of_image_indices(folders, train_py_ckpt):
+    """The parts of a folder's split index its images through views of one int64 tensor, not Python lists of ints:
+    every forked DataLoader worker would write those ints' reference counts and so copy their pages."""
+    from isiwatch.truncation.data_split import load_split
+
+    split = load_split(build_model(load_checkpoint(train_py_ckpt)), str(folders / "train"), workers=0)
+    heal, held = split.train_x.dataset, split.held_out_x.dataset
+    assert isinstance(heal.indices, torch.Tensor) and heal.indices.dtype == torch.long
+    assert heal.indices.untyped_storage().data_ptr() == held.indices.untyped_storage().data_ptr()
+    assert sorted(torch.cat([heal.indices, held.indices]).tolist()) == list(range(40))
+
+
+def test_tar_files_are_read_by_timms_image_tar_reader(folders, train_py_ckpt, tmp_path):
+    """``--data train.tar --eval-data validation.tar`` (timm's image-in-tar reader) scores as the folders they pack."""
+    tars = {}
+    for split in ("train", "validation"):
+        tars[split] = tmp_path / f"{split}.tar"
+        with tarfile.open(tars[split], "w") as tar:
+            for path in sorted((folders / split).rglob("*.png")):
+                tar.add(path, arcname=str(path.relative_to(folders / split)))
+    code, lines = truncate_cli(train_py_ckpt, tmp_path / "cut.pt", "--data", str(tars["train"]), "--eval-data",
+                               str(tars["validation"]), "--report", str(tmp_path / "tar.json"))
+    assert code == 0, lines
+    code, lines = truncate_cli(train_py_ckpt, tmp_path / "cut2.pt", "--data", str(folders),
+                               "--report", str(tmp_path / "folder.json"))
+    assert code == 0, lines
+    packed, unpacked = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("tar", "folder"))
+    assert packed["data"]["heal"] == {"source": str(tars["train"]), "images": 40, "of": 40}
+    assert packed["accuracy"] == unpacked["accuracy"]

@@ -350,6 +350,15 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
                    "for validation and test, as train.py and validate.py build them for this checkpoint.")
 @click.option("--eval-data", metavar="DIR",
               help="Folder tree or tar file to validate and test on (halved); all of --data heals.")
+@click.option("--dataset", metavar="NAME",
+              help="A dataset timm's create_dataset reads, named as train.py's --dataset, with --data its root: "
+                   "torch/<name> (a torchvision dataset already under --data; nothing is downloaded), hfds/<name> "
+                   "(needs the datasets package) or '' (a folder tree); --train-split heals, --val-split (of "
+                   "--eval-data when given) is halved into validation and test.")
+@click.option("--train-split", default="train", show_default=True, metavar="SPLIT",
+              help="With --dataset: the split that heals.")
+@click.option("--val-split", default="validation", show_default=True, metavar="SPLIT",
+              help="With --dataset: the split validated and tested on.")
 @click.option("--strategy", type=click.Choice(("auto", *STRATEGIES)),
               help=f"Which blocks to drop [default: auto; {DEFAULT_STRATEGY} with --keep]. auto: the cheapest "
                    "healed cut within --max-drop; "
@@ -402,8 +411,9 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
 @click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True,
               help="Images per batch and process.")
 @WORKERS
-def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval_data: str | None, strategy: str | None,
-             keep: int | None, max_drop: float, confidence: float, budget: int, train_last: int | None, epochs: int,
+def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval_data: str | None, dataset: str | None,
+             train_split: str, val_split: str, strategy: str | None, keep: int | None, max_drop: float,
+             confidence: float, budget: int, train_last: int | None, epochs: int,
              heal_steps: int | None, screen_steps: int | None, resume: bool, lr: float, distill: bool,
              metric: str | None, images: int, fmt: str, report: Path | None, arch: str | None,
              num_heads: int | None, no_ema: bool, seed: int, mean: tuple[float, ...] | None,
@@ -412,6 +422,8 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
     fine-tuning its late blocks."""
     from .._utils.option_error import OptionError
+    from ..io.timm_data import TimmDataset
+    from ..truncation.data_split import Data
     from ..truncation.journal import journal_path
     from ..truncation.truncate import candidates_table, report_table, truncate
     from ..truncation.truncate_report import verdict_line
@@ -423,11 +435,17 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     if typed and not auto:  # a config file's default is no request
         raise click.UsageError("--max-drop, --confidence, --budget, --screen-steps and --resume apply to "
                                "--strategy auto only")
+    splits = [n for n in ("train_split", "val_split")
+              if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+    if splits and dataset is None:
+        raise click.UsageError("--train-split and --val-split name the splits of a --dataset")
+    heal_data: Data = data if dataset is None else TimmDataset(dataset, data, train_split)
+    evaluation: Data | None = eval_data if dataset is None else TimmDataset(dataset, eval_data or data, val_split)
     hugging_face = checkpoint.is_dir()  # a save_pretrained directory: --out is a new directory
     _check_paths({"": checkpoint}, files={"--report": report, **({} if hugging_face else {"--out": out})},
                  folders={"--out": out} if hugging_face else {})
     try:
-        result = truncate(checkpoint, out, analysis=analysis, data=data, eval_data=eval_data, strategy=strategy,
+        result = truncate(checkpoint, out, analysis=analysis, data=heal_data, eval_data=evaluation, strategy=strategy,
                           keep=keep, max_drop=max_drop, confidence=confidence, budget=budget, train_last=train_last,
                           epochs=epochs, heal_steps=heal_steps, screen_steps=screen_steps,
                           journal=journal_path(out) if auto else None, resume=resume, lr=lr, distill=distill,

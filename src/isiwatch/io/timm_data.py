@@ -1,5 +1,6 @@
 """Images through timm's data layer, streamed and never held in memory as a whole: datasets from
-``timm.data.create_dataset`` (folder trees and tar files) or the embedded digits, preprocessed as timm's
+``timm.data.create_dataset`` (folder trees, tar files and the splits of its random-access readers,
+``torch/<name>`` and ``hfds/<name>``) or the embedded digits, preprocessed as timm's
 ``train.py`` and ``validate.py`` build it from the checkpoint's data config (``timm.data.resolve_data_config``
 over ``train.py``'s recorded args, else the model's ``pretrained_cfg``), read by DataLoaders with workers.
 
@@ -7,7 +8,9 @@ An image that cannot be read is refused in one line naming its file, also from a
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib.util
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -155,24 +158,102 @@ class ImageSource:
         raise NotImplementedError
 
 
-class TimmSource(ImageSource):
-    """A dataset of ``timm.data.create_dataset``: a folder tree (one sub-folder per class) or a tar file of one."""
+#: Reader prefixes of ``timm.data.create_dataset`` names (``--dataset PREFIX/NAME``); no prefix: a folder tree or tar.
+READERS = ("torch", "hfds", "hfids", "tfds", "wds")
+#: Readers that stream a dataset in one order (timm's ``IterableImageDataset``): no random access to split,
+#: shuffle and label it by index.
+STREAMING_READERS = ("hfids", "tfds", "wds")
+#: The package a map-style reader needs beyond timm's own dependencies.
+READER_PACKAGES = {"hfds": "datasets"}
+#: The sub-folder names ``timm.data.create_dataset`` accepts for a training or an evaluation split.
+SPLIT_SYNONYMS = (("train", "training"), ("validation", "val", "valid", "eval", "evaluation"))
 
-    def __init__(self, root: str | Path):
+
+@dataclass(frozen=True)
+class TimmDataset:
+    """One split of a dataset as timm's ``train.py`` names it: ``name`` its ``--dataset`` (``""``: a folder tree or
+    tar file; ``"torch/<name>"``: a torchvision dataset already under ``root``; ``"hfds/<name>"``: a Hugging Face
+    dataset), ``root`` its data folder and ``split`` its ``--train-split``/``--val-split``."""
+
+    name: str
+    root: str | Path
+    split: str
+
+    def __str__(self) -> str:
+        return f"{self.name or 'folder'} ({self.split}) in {self.root}"
+
+
+def split_folder(root: Path, split: str) -> Path | None:
+    """The sub-folder of ``root`` holding ``split`` as ``timm.data.create_dataset`` finds it (the split's own name,
+    else one of its synonyms: ``val`` for ``validation``, ...), None when there is none."""
+    name = split.split("[")[0]
+    names = next(([name, *s] for s in SPLIT_SYNONYMS if name in s), [name])
+    return next((root / n for n in names if n and (root / n).is_dir()), None)
+
+
+def _targets(dataset: Any) -> Tensor:
+    """Every image's class without decoding images: the ``targets`` a reader (timm's tar reader) or a torchvision
+    dataset records, else the last field of each of a reader's ``samples`` (timm's folder reader: path, class),
+    else each item's label read in turn (a pass over the dataset's records)."""
+    reader = getattr(dataset, "reader", None)
+    items = dataset if reader is None else reader
+    targets = getattr(items, "targets", None)
+    if targets is not None and torch.as_tensor(targets).ndim == 1:
+        return torch.as_tensor(targets).long()
+    samples = getattr(items, "samples", None)
+    if samples is not None:
+        return torch.tensor([int(sample[-1]) for sample in samples], dtype=torch.long)
+    return torch.tensor([int(items[i][1]) for i in range(len(items))], dtype=torch.long)
+
+
+class TimmSource(ImageSource):
+    """A dataset of ``timm.data.create_dataset``: a folder tree (one sub-folder per class) or a tar file of one, or
+    a split of a dataset that one of timm's random-access readers reads (:class:`TimmDataset`). Only labels (and the
+    reader's record of files) are held; images are read one at a time. A reader timm cannot make here (unknown,
+    streaming only, its package missing, its files absent) is refused in one line."""
+
+    def __init__(self, data: str | Path | TimmDataset):
         from timm.data.dataset_factory import create_dataset
 
-        root = Path(root)
-        if not root.exists():
+        spec = data if isinstance(data, TimmDataset) else TimmDataset("", data, "")
+        root, name = Path(spec.root), spec.name
+        prefix, _, rest = name.partition("/")
+        prefix = prefix.lower() if rest else ""
+        self.name = str(spec) if isinstance(data, TimmDataset) else str(root)
+        if prefix and prefix not in READERS:
+            raise DataError(f"{name}: unknown dataset reader {prefix}/ (timm reads " + ", ".join(f"{r}/" for r in
+                                                                                               READERS)
+                            + "; no prefix: a folder tree or tar file)")
+        if prefix in STREAMING_READERS:
+            raise DataError(f"{name}: timm's {prefix}/ reader streams images in one order, and truncate reads them by "
+                            "index (use a folder tree, a tar file, torch/ or hfds/)")
+        package = READER_PACKAGES.get(prefix)
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise DataError(f"{name}: timm's {prefix}/ reader needs the {package} package (pip install {package})")
+        folder_reader = not prefix or rest.lower() in ("folder", "image_folder")
+        if prefix in ("", "torch") and not root.exists():
             raise DataError(f"{root}: no such data folder")
+        if folder_reader and spec.split:
+            if root.is_file():
+                raise DataError(f"{root}: a tar file has no {spec.split} split (give it as --data, and the "
+                                "evaluation tar as --eval-data, without --dataset)")
+            if split_folder(root, spec.split) is None:
+                raise DataError(f"{root}: no {spec.split}/ sub-folder for the {spec.split} split")
         try:
-            dataset = create_dataset("", root=str(root), split="")
-        except (OSError, RuntimeError, AssertionError) as exc:  # timm: RuntimeError "Found 0 images ..."
-            raise DataError(f"{root}: not an image folder tree or tar of one ({str(exc).splitlines()[0]})") from None
-        self.name, self.reader = str(root), dataset.reader
-        samples = getattr(self.reader, "samples", None)
-        if not samples:
-            raise DataError(f"{root}: no images found")
-        self._labels = torch.tensor([int(target) for _, target in samples], dtype=torch.long)
+            dataset = create_dataset(name, root=str(root), split=spec.split)
+        except ImportError as exc:
+            raise DataError(f"{self.name}: timm's reader needs a missing package ({exc})") from None
+        except (OSError, RuntimeError, AssertionError, ValueError, KeyError) as exc:  # timm: "Found 0 images ..."
+            line = (str(exc).splitlines() or [type(exc).__name__])[0]
+            if not prefix:
+                raise DataError(f"{root}: not an image folder tree or tar of one ({line})") from None
+            if "download" in line:  # torchvision: "Dataset not found. You can use download=True ..."
+                line = f"not found under {root} (isiwatch downloads nothing: put it there as torchvision would)"
+            raise DataError(f"{self.name}: {line}") from None
+        self.dataset, self.reader = dataset, getattr(dataset, "reader", None)
+        self._labels = _targets(dataset)
+        if not len(self._labels):
+            raise DataError(f"{self.name}: no images found")
 
     def __len__(self) -> int:
         return len(self._labels)
@@ -180,21 +261,31 @@ class TimmSource(ImageSource):
     def labels(self) -> Tensor:
         return self._labels
 
+    def _filename(self, index: int) -> str:
+        """How an error names image ``index``: its file where the reader records one."""
+        if self.reader is not None:
+            return str(self.reader.filename(index, absolute=True))
+        samples = getattr(self.dataset, "samples", None)
+        return str(samples[index][0]) if samples else f"{self.name}: image {index}"
+
     def image(self, index: int, mode: str) -> Image.Image:
-        name = self.reader.filename(index, absolute=True)
         try:
-            handle, _ = self.reader[index]
-            with handle, warnings.catch_warnings():
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                image = Image.open(handle)
-                image.load()
-                return image.convert(mode)
+                if self.reader is None:  # a torchvision dataset: a PIL image (no transform is set)
+                    image: Image.Image = self.dataset[index][0]
+                    return image.convert(mode)
+                handle = self.reader[index][0]  # a timm reader: a file (or its path), read here so errors name it
+                with contextlib.closing(handle) if hasattr(handle, "close") else contextlib.nullcontext():
+                    image = Image.open(handle)
+                    image.load()
+                    return image.convert(mode)
         except Image.DecompressionBombError as exc:
-            raise DataError(f"{name}: refused, too many pixels ({exc})") from None
+            raise DataError(f"{self._filename(index)}: refused, too many pixels ({exc})") from None
         except UnidentifiedImageError:
-            raise DataError(f"{name}: not an image file PIL can read") from None
-        except (OSError, ValueError, SyntaxError) as exc:  # PIL: UnidentifiedImageError, truncated files
-            raise DataError(f"{name}: unreadable image ({exc})") from None
+            raise DataError(f"{self._filename(index)}: not an image file PIL can read") from None
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL: truncated files
+            raise DataError(f"{self._filename(index)}: unreadable image ({exc})") from None
 
 
 @functools.cache
@@ -228,26 +319,31 @@ class DigitsSource(ImageSource):
 
 
 class Images(Dataset[tuple[Tensor, int]]):
-    """The images ``indices`` of ``source``, read in ``config``'s mode and transformed for training or evaluation."""
+    """The images ``indices`` of ``source``, read in ``config``'s mode and transformed for training or evaluation.
 
-    def __init__(self, source: ImageSource, indices: Sequence[int], config: DataConfig, training: bool):
-        self.source, self.indices, self.mode = source, list(indices), config.image_mode
+    The indices are kept as one int64 tensor (8 bytes an image; a slice of another is a view, not a copy), not a
+    Python list: a list's int objects have their reference counts written on every read, so each forked DataLoader
+    worker would copy the pages holding them, a copy per worker that grows with the dataset."""
+
+    def __init__(self, source: ImageSource, indices: Sequence[int] | Tensor, config: DataConfig, training: bool):
+        self.source, self.mode = source, config.image_mode
+        self.indices = torch.as_tensor(indices, dtype=torch.long)
         self.transform = config.transform(training)
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getitem__(self, i: int) -> tuple[Tensor, int]:
-        index = self.indices[i]
+        index = int(self.indices[i])
         return self.transform(self.source.image(index, self.mode)), int(self.source.labels()[index])
 
     def labels(self) -> Tensor:
         return self.source.labels()[self.indices]
 
 
-def image_source(data: str | Path) -> ImageSource:
-    """'mnist' (the embedded digits) or a dataset timm reads (a folder tree or a tar file)."""
-    return DigitsSource() if str(data) == "mnist" else TimmSource(data)
+def image_source(data: str | Path | TimmDataset) -> ImageSource:
+    """'mnist' (the embedded digits) or a dataset timm reads (a folder tree, a tar file or a :class:`TimmDataset`)."""
+    return DigitsSource() if isinstance(data, (str, Path)) and str(data) == "mnist" else TimmSource(data)
 
 
 def loader(dataset: Dataset[Any], *, batch_size: int = DEFAULT_BATCH_SIZE, workers: int = DEFAULT_WORKERS,
@@ -297,22 +393,24 @@ def probe_images(model: nn.Module, data: str, count: int, config: DataConfig,
         raise DataOptionError("{images} must be at least 1, got {count}", count=count)
     source = image_source(data)
     if data == "mnist":
-        indices = list(range(len(source) - 1, -1, -1))[:count]
+        indices = torch.arange(len(source) - 1, -1, -1)[:count]
     else:
-        indices = torch.randperm(len(source), generator=torch.Generator().manual_seed(0))[:count].tolist()
+        indices = torch.randperm(len(source), generator=torch.Generator().manual_seed(0))[:count]
     images = Images(source, indices, config, training=False)
     threads = 0 if data == "mnist" else min(workers, 1 + len(indices) // DEFAULT_BATCH_SIZE)  # digits: in memory
     return first_images(loader(images, workers=threads), count)
 
 
-def validate_py_command(data: str, arch: str, checkpoint: str | Path, model_kwargs: Mapping[str, Any],
-                        config: DataConfig, device: str = "cuda") -> list[str]:
+def validate_py_command(data: str | Path | TimmDataset, arch: str, checkpoint: str | Path,
+                        model_kwargs: Mapping[str, Any], config: DataConfig, device: str = "cuda") -> list[str]:
     """timm ``validate.py``'s command line that evaluates a written checkpoint on ``data`` with ``config``'s
     preprocessing: the class count, input size and pooling as validate.py's own flags (it passes them to
     ``create_model`` itself), every other keyword argument of the architecture through ``--model-kwargs``."""
     own = {"num_classes", "in_chans", "global_pool", "pretrained_cfg_overlay"}
     kwargs = [f"{key}={value!r}" for key, value in model_kwargs.items() if key not in own and value is not None]
-    return ["python", "validate.py", str(data), "--model", arch, "--checkpoint", str(checkpoint),
+    where = ([str(data.root), "--dataset", data.name, "--split", data.split] if isinstance(data, TimmDataset)
+             else [str(data)])
+    return ["python", "validate.py", *where, "--model", arch, "--checkpoint", str(checkpoint),
             "--num-classes", str(model_kwargs.get("num_classes", 1000)), "--gp", str(model_kwargs.get("global_pool",
                                                                                                  "token")),
             "--input-size", *(str(v) for v in config.input_size), "--mean", *(f"{v:g}" for v in config.mean),

@@ -20,9 +20,11 @@ from ..io.timm_data import (
     DataConfig,
     Images,
     ImageSource,
+    TimmDataset,
     image_source,
     loader,
     resolve_data_config,
+    split_folder,
 )
 from .classifier_layout import num_classes
 from .engine import ShardedLoader
@@ -30,9 +32,12 @@ from .engine import ShardedLoader
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
 
-#: Healing and evaluation images: ``"mnist"`` (the embedded digits), a folder tree or tar file timm reads,
-#: model-ready ``(images, labels)`` tensors or a DataLoader of such batches.
-Data = str | Path | tuple[Tensor, Tensor] | DataLoader[Any]
+#: Healing and evaluation images: ``"mnist"`` (the embedded digits), a folder tree or tar file timm reads, a split
+#: of a dataset timm's readers read (:class:`~isiwatch.io.timm_data.TimmDataset`), model-ready ``(images, labels)``
+#: tensors or a DataLoader of such batches.
+Data = str | Path | TimmDataset | tuple[Tensor, Tensor] | DataLoader[Any]
+#: The forms of :data:`Data` read from a name, a folder or a timm dataset (preprocessed by isiwatch).
+NAMED = (str, Path, TimmDataset)
 #: Share of a single source held out (halved into validation and test).
 HELD_OUT_FRACTION = 0.2
 
@@ -63,10 +68,11 @@ class Split:
 
 
 def train_val_dirs(data: str) -> tuple[Path, Path] | None:
-    """``DIR/train`` and ``DIR/validation`` (or ``DIR/val``) when ``data`` has timm ``train.py``'s layout."""
+    """``DIR/train`` and ``DIR/validation`` (or a synonym timm accepts, such as ``DIR/val``) when ``data`` has timm
+    ``train.py``'s layout."""
     root = Path(data)
-    val = next((root / name for name in ("validation", "val") if (root / name).is_dir()), None)
-    return (root / "train", val) if val is not None and (root / "train").is_dir() else None
+    train, val = split_folder(root, "train"), split_folder(root, "validation")
+    return (train, val) if train is not None and val is not None else None
 
 
 def _source(data: Data) -> str:
@@ -103,13 +109,13 @@ def _parts(data: Data, config: DataConfig | None, holdout: bool) -> tuple[_Part,
     """``data`` as a healing part and, with ``holdout``, a held-out part (the demo's digit split for 'mnist', else the
     last HELD_OUT_FRACTION of a fixed shuffle of a timm dataset, of tensors or a DataLoader's dataset in order);
     and how many images ``data`` has."""
-    if isinstance(data, (str, Path)):
+    if isinstance(data, NAMED):
         assert config is not None  # load_split resolves one for images read from a name or a folder
         source: ImageSource = image_source(data)
-        order = (list(range(len(source))) if str(data) == "mnist"
-                 else torch.randperm(len(source), generator=torch.Generator().manual_seed(0)).tolist())
+        order = (torch.arange(len(source)) if str(data) == "mnist"
+                 else torch.randperm(len(source), generator=torch.Generator().manual_seed(0)))
         cut = DIGITS_TRAIN if str(data) == "mnist" else _holdout_cut(len(source), str(data))
-        heal, held = (order[:cut], order[cut:]) if holdout else (order, [])
+        heal, held = (order[:cut], order[cut:]) if holdout else (order, order[:0])
         part = _Part(Images(source, heal, config, training=True), Images(source, heal, config, training=False))
         return part, (_Part(*(Images(source, held, config, training=t) for t in (True, False))) if holdout
                       else None), len(source)
@@ -142,7 +148,7 @@ def load_split(model: nn.Module, data: Data, eval_data: Data | None = None, conf
     DataLoader by holding out their last HELD_OUT_FRACTION; the held-out images are halved into validation and
     test. With ``fabric`` every loader is set up by it (each process reads a shard).
     """
-    if config is None and isinstance(data, (str, Path)):
+    if config is None and isinstance(data, NAMED):
         config = resolve_data_config(model, str(data))
     layout = train_val_dirs(str(data)) if eval_data is None and isinstance(data, (str, Path)) and data != "mnist" \
         else None

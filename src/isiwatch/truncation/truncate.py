@@ -44,7 +44,7 @@ from ..taps import vit_parts
 from .classifier_layout import block_list
 from .confidence import AcceptanceRule, PairedDrop
 from .cost import count_parameters, forward_flops, measure_latency
-from .data_split import Data, Split, load_split
+from .data_split import NAMED, Data, Split, load_split
 from .engine import FabricOptions
 from .healing import HEAL_BATCH, Images, accuracy, default_train_last, heal, predict
 from .journal import SearchJournal
@@ -184,7 +184,7 @@ class TruncateRequest:
         if isinstance(self.checkpoint, nn.Module) and self.out is not None:
             raise OptionError("{out} writes a checkpoint rebuilt from the input checkpoint's architecture; a model "
                               "object has none: save the result's model yourself")
-        if self.mean is not None and not isinstance(self.data, (str, Path)):
+        if self.mean is not None and not isinstance(self.data, NAMED):
             raise OptionError("{mean} and {std} normalise images read from a name or a folder; tensors and "
                               "DataLoaders are used as they are")
         path = None if isinstance(self.checkpoint, nn.Module) else self.checkpoint
@@ -294,7 +294,7 @@ def plan(request: TruncateRequest) -> TruncationPlan:
     tapped = vit_parts(uncut).depth  # CaiT: its class-attention blocks follow the droppable ones
     source_analysis = _read_analysis(r.analysis, tapped, ckpt.sha256 or None) if r.analysis is not None else None
     norm = (resolve_data_config(uncut, str(r.data), ckpt.data_config, r.mean, r.std)
-            if isinstance(r.data, (str, Path)) else None)
+            if isinstance(r.data, NAMED) else None)
     split = load_split(uncut, r.data, r.eval_data, norm, batch_size=r.batch_size, workers=r.workers, seed=r.seed,
                        fabric=fabric)
     metric = r.metric or (source_analysis.phase_metric if source_analysis else DEFAULT_PHASE_METRIC)
@@ -373,8 +373,9 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
                    "precision": str(plan.fabric.strategy.precision.precision),
                    "seed": r.seed, "output": None if r.out is None else str(r.out),
                    "evaluated_on": "test" if search else "validation+test", "search": search})
-    if r.out is not None and plan.normalization is not None and not plan.checkpoint.path.is_dir():
-        data = str(r.eval_data or r.data)  # validate.py finds a validation/ sub-folder as this split did
+    data = r.data if r.eval_data is None else r.eval_data  # validate.py finds validation/ as this split did
+    if r.out is not None and isinstance(data, NAMED) and plan.normalization is not None \
+            and not plan.checkpoint.path.is_dir():
         result["validate_command"] = shlex.join(validate_py_command(
             data, plan.checkpoint.arch, r.out, cut_model_kwargs(plan, execution), plan.normalization,
             plan.fabric.device.type))
@@ -492,8 +493,10 @@ def truncate(
             Only for a checkpoint or directory: a model object has no architecture record to rebuild from.
         data: Healing and held-out images: ``"mnist"`` (the embedded digits), a folder tree or tar file that
             ``timm.data.create_dataset`` reads (20 % held out, unless it has ``train/`` and ``validation/``
-            sub-folders), model-ready ``(images, labels)`` tensors (the last 20 % held out) or a DataLoader of such
-            batches (its dataset split the same way, read in its batch size and workers). Images are streamed,
+            sub-folders), a split of a dataset timm's readers read (:class:`~isiwatch.io.timm_data.TimmDataset`,
+            e.g. ``TimmDataset("torch/cifar10", root, "train")``; held out as a folder is), model-ready
+            ``(images, labels)`` tensors (the last 20 % held out) or a DataLoader of such batches (its dataset
+            split the same way, read in its batch size and workers). Images are streamed,
             never all held in memory; those read from a name or a folder are preprocessed as timm's ``train.py``
             (healing) and ``validate.py`` (evaluation) would for this checkpoint.
         eval_data: Images to validate and test on (halved), in any form ``data`` takes; all of ``data`` then heals.
