@@ -1,23 +1,29 @@
 """Watch overhead at every_n_steps=100, side by side with the same training loop without Watch.
 
-Trains the demo ViT (depth 12, width 64, batch 128) on the embedded digits in interleaved rounds
-(plain, watched, plain, watched, ...) so that machine noise hits both alike; the watched arm runs with the default
-options and a ``log_dir`` (TensorBoard with its heat-maps, ``metrics.jsonl``), as a real run has it. Reports total
-wall times, the overhead ratio, the Watch's own ``overhead/ratio`` series, and the per-sample probe cost against the
-cost of 100 training steps. After each round it also times one plain eval forward of the probe batch (no hooks, no
-metrics, no probes): the floor any probe pass costs. ``floor_ratio`` is one sample over that forward, on the demo
-model and (``--vit-probe-images``, 0 to skip) on timm's ViT-S/16 at 224 px, random init.
+Trains the demo ViT (depth 12, width 64, batch 128) on the embedded digits in interleaved rounds, the arms' order
+alternating (plain then watched, watched then plain, ...) so that machine noise and drift hit both alike; the watched
+arm runs with the default options and a ``log_dir`` (TensorBoard with its heat-maps, ``metrics.jsonl``), as a real
+run has it. Reports total wall times and the whole-run ratio, the Watch's own ``overhead/ratio`` series, the
+per-sample cost against the cost of 100 training steps, where the rest of the whole-run difference goes (the
+Watch's start and close, timed outside the rounds, and the training steps right after a sample against the others),
+and after each round one plain eval forward of the probe batch (no hooks, no metrics, no probes): the floor any
+probe pass costs. ``floor_ratio`` is one sample over that forward, on the demo model and (``--vit-probe-images``, 0
+to skip) on timm's ViT-S/16 at 224 px, random init. Last, ``--rss-samples`` samples (0 to skip) of a Watch on the demo
+model with a ``log_dir`` and default options (heat-maps every ``heatmap_every`` samples): the process RSS every
+``--rss-every`` samples, and its growth once the history is full.
 
-    python benchmarks/bench_watch.py [--rounds 3] [--steps 200] [--threads N] [--device cpu|cuda]
+    python benchmarks/bench_watch.py [--rounds 4] [--steps 200] [--threads N] [--device cpu|cuda]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,15 +36,18 @@ from isiwatch._utils.threads import add_threads_argument, current_load, set_torc
 from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
 from isiwatch.truncation.cost import measure_latency
 from isiwatch.truncation.healing import make_digits_vit
+from isiwatch.watch.exporters import TensorBoardExporter
 
 RESULT = Path(__file__).parent / "results" / "watch" / "watch.json"
 
 
-def run(model, optimizer, x, y, steps, start_step, device, watch=None, batch=128):
+def run(model, optimizer, x, y, steps, start_step, device, watch=None, batch=128, step_times=None):
+    """Train ``steps`` steps from ``start_step``; the wall time in seconds. ``step_times`` (a list) receives each
+    step's wall time, the Watch's ``step()`` included."""
     gen = torch.Generator().manual_seed(start_step)
     if device == "cuda":
         torch.cuda.synchronize()
-    begin = time.perf_counter()
+    begin = last = time.perf_counter()
     for step in range(start_step, start_step + steps):
         idx = torch.randint(0, len(x), (batch,), generator=gen)
         loss = F.cross_entropy(model(x[idx]), y[idx])
@@ -47,9 +56,59 @@ def run(model, optimizer, x, y, steps, start_step, device, watch=None, batch=128
         optimizer.step()
         if watch is not None:
             watch.step(step, loss)
+        if step_times is not None:
+            now = time.perf_counter()
+            step_times.append(now - last)
+            last = now
     if device == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - begin
+
+
+def after_sample_slowdown(step_times: list[float], plain_step_s: float, every: int, start_step: int,
+                          window: int = 5) -> dict[str, float | None]:
+    """Median training-step time (the Watch's ``step()`` included) in the ``window`` steps after each sampling step
+    and in the other non-sampling steps, each over the plain arm's median step: 1.0 when a sample leaves nothing
+    behind and non-sampling steps cost nothing."""
+    after, others = [], []
+    for i, seconds in enumerate(step_times):
+        step = start_step + i
+        if step % every == 0:
+            continue
+        (after if step % every <= window else others).append(seconds)
+    return {"after_sample": statistics.median(after) / plain_step_s if after else None,
+            "other_steps": statistics.median(others) / plain_step_s if others else None}
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_over_samples(samples: int, probe_images: int, device: str, every: int = 100) -> dict[str, Any]:
+    """RSS of this process every ``every`` samples over ``samples`` samples of a Watch (default options, a
+    ``log_dir``, every step a sample) on the demo model, and its growth in MB from the checkpoint at which the
+    history was full (the first, if the run is shorter than the history) to the last, heat-map renders written
+    first."""
+    images, labels = embedded_digits()
+    model = make_digits_vit(0)[0].to(device)
+    with tempfile.TemporaryDirectory(prefix="bench_watch_rss_") as log_dir:
+        watch = Watch(model, images[:probe_images].to(device), labels[:probe_images].to(device), every_n_steps=1,
+                      registry=CollectorRegistry(), run_name="rss", log_dir=log_dir)
+        tensorboard = next(e for e in watch.exporters if isinstance(e, TensorBoardExporter))
+        filled = min(watch.options.history_size, samples)
+        start = max(every, filled - filled % every)
+        rss_mb: dict[int, float] = {}
+        for step in range(1, samples + 1):
+            watch.step(step)
+            if step % every == 0 or step == samples:
+                tensorboard.wait_for_heatmaps()
+                rss_mb[step] = rss_bytes() / 2**20
+        watch.close()
+    start = min(start, samples)
+    return {"samples": samples, "probe_images": probe_images, "history_size": watch.options.history_size,
+            "heatmap_every": watch.options.heatmap_every, "rss_mb": rss_mb, "from_sample": start,
+            "growth_mb": rss_mb[samples] - rss_mb[start]}
 
 
 def vit_small_floor(images: int, samples: int, device: str) -> dict[str, float]:
@@ -75,7 +134,7 @@ def vit_small_floor(images: int, samples: int, device: str) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per arm (even: each arm goes first as often)")
     parser.add_argument("--steps", type=int, default=200, help="training steps per round and arm")
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--probe-images", type=int, default=256)
@@ -87,6 +146,10 @@ def main() -> None:
     parser.add_argument("--vit-probe-images", type=int, default=256,
                         help="probe images for the ViT-S/16 floor ratio (0: skip it)")
     parser.add_argument("--vit-samples", type=int, default=3, help="timed samples for the ViT-S/16 floor ratio")
+    parser.add_argument("--rss-samples", type=int, default=2000,
+                        help="samples of the RSS run with a log_dir (0: skip it)")
+    parser.add_argument("--rss-probe-images", type=int, default=64, help="probe images of the RSS run")
+    parser.add_argument("--rss-every", type=int, default=100, help="samples between two RSS readings")
     args = parser.parse_args()
     threads = set_torch_threads(args.threads)
     record = machine(threads, args.device)
@@ -106,18 +169,24 @@ def main() -> None:
     plain_model, watched_model = (m.to(args.device).train() for m in models)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (plain_model, watched_model)]
     log_dir = tempfile.TemporaryDirectory(prefix="bench_watch_")
+    begin = time.perf_counter()
     watch = Watch(watched_model, probe_x.to(args.device), probe_y.to(args.device), every_n_steps=args.every,
                   registry=CollectorRegistry(), run_name="bench", log_dir=log_dir.name)
+    start_s = time.perf_counter() - begin
     print(f"device {args.device}, torch {torch.__version__}, {threads} threads, model {args.model}, "
           f"every_n_steps={args.every}, {args.probe_images} probe images")
     plain_times, watched_times, forward_times = [], [], []
+    plain_steps: list[float] = []
+    watched_steps: list[float] = []
     probe_on_device = probe_x.to(args.device)
     step = 1
-    run(plain_model, opts[0], x, y, 5, 10_000, args.device, batch=batch)  # warm-up
-    run(watched_model, opts[1], x, y, 5, 10_000, args.device, batch=batch)
+    run(plain_model, opts[0], x, y, 5, 10_001, args.device, batch=batch)  # warm-up (no sampling step)
+    run(watched_model, opts[1], x, y, 5, 10_001, args.device, batch=batch)
+    arms = [(plain_model, opts[0], None, plain_times, plain_steps),
+            (watched_model, opts[1], watch, watched_times, watched_steps)]
     for r in range(args.rounds):
-        plain_times.append(run(plain_model, opts[0], x, y, args.steps, step, args.device, batch=batch))
-        watched_times.append(run(watched_model, opts[1], x, y, args.steps, step, args.device, watch, batch))
+        for model, optimizer, arm_watch, times, step_times in arms if r % 2 == 0 else arms[::-1]:
+            times.append(run(model, optimizer, x, y, args.steps, step, args.device, arm_watch, batch, step_times))
         forward_times.append(measure_latency({"plain": plain_model}, probe_on_device, warmup=0,
                                              rounds=3)["plain"] / 1e3)
         step += args.steps
@@ -125,8 +194,11 @@ def main() -> None:
     samples = [s.duration_s for s in watch.history]
     charged = [s.overhead_s for s in watch.history if s.overhead_s is not None]
     ratios = [s.overhead_ratio for s in watch.history if s.overhead_ratio is not None]
+    begin = time.perf_counter()
     watch.close()
+    close_s = time.perf_counter() - begin
     log_dir.cleanup()
+    slowdown = after_sample_slowdown(watched_steps, statistics.median(plain_steps), args.every, 1)
     plain, watched = sum(plain_times), sum(watched_times)
     step_time = statistics.median(plain_times) / args.steps
     overhead = 100 * (watched / plain - 1)
@@ -146,6 +218,15 @@ def main() -> None:
         print(f"floor ratio (ViT-S/16, 224 px, {args.vit_probe_images} probe images): "
               f"{vit_small['floor_ratio']:.2f} ({1e3 * vit_small['sample_s']:.0f} ms / "
               f"{1e3 * vit_small['forward_s']:.0f} ms)")
+    rss = rss_over_samples(args.rss_samples, args.rss_probe_images, args.device, args.rss_every) \
+        if args.rss_samples else None
+    if rss:
+        print(f"RSS over {rss['samples']} samples with a log_dir: {rss['growth_mb']:+.1f} MB from sample "
+              f"{rss['from_sample']} to the last")
+    whole_run_ratio = watched / plain - 1
+    print(f"whole run: {100 * whole_run_ratio:+.2f} %; Watch start {start_s:.2f} s and close {close_s:.2f} s (outside "
+          f"the rounds); steps after a sample {slowdown['after_sample']}, other steps {slowdown['other_steps']} "
+          f"× the plain step")
     record["load_1min_end"] = round(current_load(), 2)
     sample_ms, steps_ms = 1e3 * statistics.median(samples), 1e3 * step_time * args.every
     forward_ms = 1e3 * statistics.median(forward_times)
@@ -159,12 +240,16 @@ def main() -> None:
     write_json(args.out, {"machine": record, "args": {k: str(v) for k, v in vars(args).items()},
                           "plain_s": plain_times, "watched_s": watched_times,
                           "sample_s": samples, "step_s": step_time, "overhead_pct": overhead,
-                          "per_sample_pct": per_sample, "probe_forward_s": forward_times, "floor_pct": floor,
+                          "whole_run_ratio": whole_run_ratio,
+                          "per_sample_pct": per_sample, "per_sample_ratio": per_sample / 100,
+                          "per_sample_ratio_with_exports": statistics.median(charged) / (step_time * args.every),
+                          "probe_forward_s": forward_times, "floor_pct": floor,
                           "log_dir": True, "floor_ratio": floor_ratio,
                           "floor_ratio_with_exports": statistics.median(charged) / statistics.median(forward_times),
                           "overhead_s": charged, "overhead_ratio_series": ratios,
                           "overhead_ratio_median": statistics.median(ratios) if ratios else None,
-                          "vit_small": vit_small, "markdown": markdown})
+                          "watch_start_s": start_s, "watch_close_s": close_s, "step_ratio": slowdown,
+                          "vit_small": vit_small, "rss": rss, "markdown": markdown})
 
 
 if __name__ == "__main__":

@@ -48,9 +48,10 @@ def attention_stats(scores: AttentionScores, p: int, has_cls: bool) -> tuple[Ten
     """(attn_entropy, cls_attention_share) per image from a block's attention scores, chunk by chunk.
 
     With m the row maximum and e = exp(s − m), the softmax row is e / Σe and its entropy is
-    ``ln Σe − Σ e·(s − m) / Σe``: one exponential per score. It is normalised by ln Tk (0 = one source,
-    1 = uniform); masked (−inf) scores carry no probability and add nothing. The [CLS] share is Tk · mean
-    attention that patch queries pay to [CLS] (1 = uniform); NaN where patches do not query (CaiT's class
+    ``ln Σe − Σ e·(s − m) / Σe``: one exponential per score, and no copy of the scores beyond e (the shift is
+    made in place in scores formed for this chunk, never in the model's own logits). It is normalised by ln Tk
+    (0 = one source, 1 = uniform); masked (−inf) scores carry no probability and add nothing. The [CLS] share is
+    Tk · mean attention that patch queries pay to [CLS] (1 = uniform); NaN where patches do not query (CaiT's class
     attention).
     """
     b, h, tq, tk = scores.shape
@@ -58,16 +59,19 @@ def attention_stats(scores: AttentionScores, p: int, has_cls: bool) -> tuple[Ten
     entropy = torch.empty(b, device=_device(scores))
     share = torch.full((b,), math.nan, device=entropy.device) if has_cls else None
     masked = scores.masked
+    formed = scores.logits is None  # the scores are formed anew per chunk (not the model's own logits): reusable
     for i in range(0, b, step):
         s = scores.scores(i, i + step)
-        shifted = s - s.amax(-1, keepdim=True)
+        peak = s.amax(-1, keepdim=True)
+        shifted = s.sub_(peak) if formed else s - peak
         e = shifted.exp()
         total = e.sum(-1)
-        if masked:
-            shifted = shifted.clamp_min(torch.finfo(s.dtype).min)  # 0 · (−inf) would be NaN; 0 · min is 0
-        entropy[i:i + step] = (total.log() - _dot(e, shifted) / total).mean((1, 2))
         if share is not None and tq == tk:
             share[i:i + step] = (e[:, :, p:, 0] / total[:, :, p:]).mean((1, 2)) * tk
+        if masked:
+            shifted.clamp_min_(torch.finfo(s.dtype).min)  # 0 · (−inf) would be NaN; 0 · min is 0
+        # Σ e·(s − m), summed in place in e (read for the share above): a third fewer passes over the scores
+        entropy[i:i + step] = (total.log() - e.mul_(shifted).sum(-1) / total).mean((1, 2))
     entropy /= math.log(tk)
     return entropy, share
 

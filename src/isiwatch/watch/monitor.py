@@ -351,9 +351,10 @@ class Watch:
 
     def _charge(self, sample: Sample | None, begin: float, measured: float) -> None:
         """Set ``sample``'s overhead (see :class:`~isiwatch.watch.sample.Sample`): its measurement plus the
-        previous sample's work after measuring, over the training time since the previous sample ended. Called
-        before anything reads the sample's series; a failed sample's cost is carried to the next."""
-        cost = measured - begin + self._after_measure_s
+        previous sample's work after measuring and the exporters' background work since (heat-map renders), over
+        the training time since the previous sample ended. Called before anything reads the sample's series; a
+        failed sample's cost is carried to the next."""
+        cost = measured - begin + self._after_measure_s + self._background_seconds()
         self._measured_at = measured
         if sample is None:
             self._after_measure_s = cost
@@ -362,6 +363,19 @@ class Watch:
         if self._last_end is not None:
             sample.overhead_ratio = cost / max(begin - self._last_end, 1e-9)
         self._after_measure_s = 0.0
+
+    def _background_seconds(self) -> float:
+        """The exporters' CPU seconds off the training thread since the last sample; one that raises is reported
+        (:attr:`faults`) and counts nothing."""
+        total = 0.0
+        for exporter in self.exporters:
+            try:
+                total += float(exporter.background_seconds())
+            except Exception as exc:
+                if self.options.strict:
+                    raise
+                self.faults.failed(f"exporter {type(exporter).__name__}", self.last_step or 0, exc)
+        return total
 
     def _fit_budget(self, ratio: float | None, budget: float) -> None:
         """Stretch (or shorten, with hysteresis: only to half or less) :attr:`interval` so the overhead ratio

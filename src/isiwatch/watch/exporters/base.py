@@ -87,6 +87,11 @@ class Exporter:
             run: The new name.
         """
 
+    def background_seconds(self) -> float:
+        """CPU seconds this exporter spent off the training thread since the last call (0 by default): the Watch
+        adds them to the next sample's overhead, so work moved to a thread is still counted."""
+        return 0.0
+
     def close(self, context: SampleContext) -> None:
         """Flush and release the backend; the Watch calls no hook after this.
 

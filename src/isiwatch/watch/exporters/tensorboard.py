@@ -7,13 +7,21 @@ Tags: ``isiwatch/<metric>/layer_<ll>``, ``isiwatch/plateau/{start,end,length}``,
 metric's range over the shown samples) and alert text under ``isiwatch/alerts``.
 
 Heat-maps are rendered on a background thread (a render of a long history takes longer than a probe pass), and
-written by the next sample; the close renders the final history once more (training is over by then).
+written by the next sample; the close renders the final history once more (training is over by then). The render
+must not take the training's cores: one runs at a time, at the lowest scheduling priority (nice 19, Linux), and it
+pauses after each metric's figure for :data:`RENDER_PAUSE` times that figure's drawing time, so that it holds
+Python's interpreter lock, which the training thread takes back after every torch call, for at most a fifth of
+the time. Its CPU time is reported through :meth:`TensorBoardExporter.background_seconds`, and the Watch charges it
+to the next sample's overhead.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +35,12 @@ from .base import Exporter, SampleContext, present_series
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
+
+#: Seconds the render thread sleeps after each heat-map, per second spent drawing it: 4 keeps it off the interpreter
+#: lock four fifths of the time.
+RENDER_PAUSE = 4.0
+#: The render thread's nice value (the lowest priority).
+RENDER_NICE = 19
 
 
 class TensorBoardExporter(Exporter):
@@ -46,6 +60,9 @@ class TensorBoardExporter(Exporter):
         self._samples = 0
         self._render: threading.Thread | None = None
         self._rendered: tuple[int, dict[str, np.ndarray]] | None = None  # step, RGB image per metric
+        self._render_cpu_s = 0.0  # the render thread's CPU seconds not yet reported by background_seconds()
+        self._hurry = threading.Event()  # set: the render in flight stops pausing (someone waits for it)
+        self._written_step: int | None = None  # the step of the last heat-maps written
         self.writer  # noqa: B018  (open the event file now: a log_dir that cannot hold one fails at construction)
 
     @property
@@ -99,6 +116,7 @@ class TensorBoardExporter(Exporter):
         self._write_rendered()
         self._samples += 1
         if self._samples % self.heatmap_every == 0 and self._render is None and context.history:
+            self._hurry.clear()
             self._render = threading.Thread(target=self._render_heatmaps, args=(tuple(context.history),),
                                             name="isiwatch-heatmaps", daemon=True)
             self._render.start()
@@ -106,8 +124,26 @@ class TensorBoardExporter(Exporter):
 
     def _render_heatmaps(self, history: Sequence[Sample]) -> None:
         """Render ``history``'s heat-maps into :attr:`_rendered`, on the render thread (the writer is left to the
-        training thread)."""
-        self._rendered = (history[-1].step, heatmap_images(history))
+        training thread), at the lowest priority and paced (see the module docstring); adds its CPU time to what
+        :meth:`background_seconds` reports."""
+        start = time.thread_time()
+        if sys.platform == "linux":  # a thread id names this thread only on Linux (elsewhere it could be a process)
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RENDER_NICE)
+            except OSError:  # not permitted: render at the normal priority
+                pass
+        try:
+            self._rendered = (history[-1].step, heatmap_images(history, RENDER_PAUSE, self._hurry))
+        finally:
+            self._render_cpu_s += time.thread_time() - start
+
+    def background_seconds(self) -> float:
+        """CPU seconds the heat-map renders that ended since the last call spent off the training thread (a render
+        still running is counted once it ends; only the render thread adds to the count while it runs)."""
+        if self._render is not None and self._render.is_alive():
+            return 0.0
+        seconds, self._render_cpu_s = self._render_cpu_s, 0.0
+        return seconds
 
     def wait_for_heatmaps(self) -> None:
         """Wait for a heat-map render in flight, if any, and write it: for a reader of the event file mid-run
@@ -118,6 +154,7 @@ class TensorBoardExporter(Exporter):
         """Write the heat-maps of a finished render, if any (``wait``: of the one running, once it finishes)."""
         if self._render is None or (self._render.is_alive() and not wait):
             return
+        self._hurry.set()
         self._render.join()
         self._render = None
         rendered, self._rendered = self._rendered, None
@@ -127,15 +164,17 @@ class TensorBoardExporter(Exporter):
     def _add_images(self, step: int, images: dict[str, np.ndarray]) -> None:
         for metric, image in images.items():
             self.writer.add_image(f"isiwatch/heatmap/{metric}", image, step, dataformats="HWC")
+        self._written_step = step
 
     def write_heatmaps(self, history: Sequence[Sample]) -> None:
-        """Render and write ``history``'s heat-maps now, on the caller's thread, after any render still running.
+        """Render and write ``history``'s heat-maps now, on the caller's thread, after any render still running
+        (unless that one already showed ``history``'s last sample).
 
         Args:
             history: The samples to show, oldest first.
         """
         self.wait_for_heatmaps()
-        if history:
+        if history and history[-1].step != self._written_step:
             self._add_images(history[-1].step, heatmap_images(history))
 
     def write_alert(self, alert: Alert) -> None:
@@ -158,13 +197,17 @@ class TensorBoardExporter(Exporter):
                 self._drop_writer()
 
 
-def heatmap_images(history: Sequence[Sample]) -> dict[str, np.ndarray]:
+def heatmap_images(history: Sequence[Sample], pause: float = 0.0,
+                   hurry: threading.Event | None = None) -> dict[str, np.ndarray]:
     """One RGB image (H, W, 3 uint8) per metric of the last sample: :func:`~isiwatch.measure.plots.heatmap_figure`
     over the samples of the last sample's depth, drawn with Agg (no pyplot, so any thread may call it).
 
     Args:
         history: The samples, oldest first (not empty); a sample without a metric (the probes under
             ``probe_every``) is a blank column.
+        pause: Seconds to sleep after each image per second spent drawing it (0: none), so that a background
+            render leaves the interpreter lock to the training thread most of the time.
+        hurry: Once set, no more pauses (someone is waiting for the images).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -172,8 +215,15 @@ def heatmap_images(history: Sequence[Sample]) -> dict[str, np.ndarray]:
     shown = [s for s in history if s.depth == last.depth]
     images = {}
     for metric in last.layers:
+        begin = time.perf_counter()
         rows = [s.layers.get(metric, [math.nan] * last.depth) for s in shown]
         canvas = FigureCanvasAgg(heatmap_figure([s.step for s in shown], {metric: rows}))
         canvas.draw()  # type: ignore[no-untyped-call]
         images[metric] = np.asarray(canvas.buffer_rgba())[..., :3].copy()  # type: ignore[no-untyped-call]
+        if pause:
+            seconds = pause * (time.perf_counter() - begin)
+            if hurry is None:
+                time.sleep(seconds)
+            else:
+                hurry.wait(seconds)
     return images

@@ -1,0 +1,125 @@
+"""What the Watch costs the training: nothing between samples but a counter check, and heat-map renders that run
+at the lowest priority off the training thread and are charged to the overhead series."""
+
+import math
+import os
+import sys
+import threading
+import time
+
+import pytest
+import timm
+import torch
+from prometheus_client import CollectorRegistry
+
+from isiwatch import Watch
+from isiwatch.watch.exporters import TensorBoardExporter, tensorboard
+
+
+def tiny_vit():
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7, in_chans=1,
+                             num_classes=10, embed_dim=16, depth=2, num_heads=2)
+
+
+@pytest.fixture(scope="module")
+def probe():
+    from isiwatch.io.data import embedded_digits
+
+    x, y = embedded_digits()
+    return x[:16], y[:16]
+
+
+def test_a_step_between_samples_runs_no_python_code_but_step_itself(probe, tmp_path):
+    """Every call a non-sampling ``step()`` makes, counted with ``sys.setprofile``: none beyond ``step`` (no exporter,
+    no hook, no property)."""
+    watch = Watch(tiny_vit(), *probe, every_n_steps=100, log_dir=tmp_path, registry=CollectorRegistry())
+    watch.step(100, 1.0)  # a sample: everything below is between samples
+    calls = []
+    loss = torch.tensor(1.0)
+
+    def profile(frame, event, arg):
+        if event in ("call", "c_call"):
+            calls.append(frame.f_code.co_name if event == "call" else arg.__name__)
+
+    sys.setprofile(profile)
+    try:
+        for step in range(101, 200):
+            watch.step(step, loss)
+    finally:
+        sys.setprofile(None)
+    calls.remove("setprofile")
+    watch.close(final_sample=False)
+    assert set(calls) <= {"step"}, sorted(set(calls))
+    assert len(watch.history) == 1
+
+
+def test_heatmaps_render_at_the_lowest_priority_and_their_cpu_time_is_charged(probe, tmp_path, monkeypatch):
+    renders = []
+    real = tensorboard.heatmap_images
+
+    def spy(history, pause=0.0, hurry=None):
+        cpu = time.thread_time()
+        seen = {"nice": os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), "pause": pause,
+                "thread": threading.current_thread() is not threading.main_thread()}
+        images = real(history, pause, hurry)
+        renders.append({**seen, "cpu_s": time.thread_time() - cpu})
+        return images
+
+    monkeypatch.setattr(tensorboard, "heatmap_images", spy)
+    watch = Watch(tiny_vit(), *probe, every_n_steps=1, log_dir=tmp_path, registry=CollectorRegistry(),
+                  heatmap_every=1)
+    (board,) = [e for e in watch.exporters if isinstance(e, TensorBoardExporter)]
+    watch.step(1)  # starts a render of step 1's history on the render thread
+    board._render.join()
+    watch.step(2)  # charged with that render's CPU time
+    second = watch.history[-1]
+    board.wait_for_heatmaps()
+    watch.close(final_sample=False)
+    background = renders[0]
+    assert background["thread"] and background["pause"] == tensorboard.RENDER_PAUSE > 0
+    if sys.platform == "linux":
+        assert background["nice"] == tensorboard.RENDER_NICE == 19
+    assert os.getpriority(os.PRIO_PROCESS, 0) < 19  # the training thread keeps its priority
+    assert second.overhead_s - second.duration_s >= background["cpu_s"] > 0
+
+
+def test_a_render_still_running_is_not_doubled(probe, tmp_path):
+    """At most one render at a time: a sample due for heat-maps while one runs starts none."""
+    watch = Watch(tiny_vit(), *probe, every_n_steps=1, log_dir=tmp_path, registry=CollectorRegistry(),
+                  heatmap_every=1)
+    renders = []
+    for step in range(1, 6):
+        watch.step(step)
+        renders.append(sum(t.name == "isiwatch-heatmaps" for t in threading.enumerate()))
+    watch.close(final_sample=False)
+    assert max(renders) == 1
+
+
+@pytest.mark.parametrize("form", ["q_k", "q_k_masked", "logits"])
+def test_attention_stats_in_place_path_matches_the_softmax_reference(form):
+    """The entropy and [CLS] share, summed in place in the scores formed per chunk, equal the plain softmax
+    computation (several chunks, a −inf mask), and the model's own logits are left as they were."""
+    from isiwatch.measure.metrics import SCORE_CHUNK, attention_stats
+    from isiwatch.taps import AttentionScores
+
+    gen = torch.Generator().manual_seed(0)
+    b, h, t, hd, p = 10, 2, 256, 16, 1
+    assert SCORE_CHUNK // (h * t * t) < b  # more than one chunk
+    q, k = torch.randn(b, h, t, hd, generator=gen), 3 * torch.randn(b, h, t, hd, generator=gen)
+    scale = hd ** -0.5
+    bias = None
+    if form == "q_k_masked":
+        bias = torch.zeros(t, t).masked_fill_(torch.rand(t, t, generator=gen) < 0.3, -math.inf)
+        bias[:, 0] = 0.0  # every query sees [CLS]
+    logits = q @ k.transpose(-2, -1) * scale + (0 if bias is None else bias)
+    scores = AttentionScores(logits=logits.clone()) if form == "logits" else AttentionScores(q, k, scale, bias)
+    entropy, share = attention_stats(scores, p, has_cls=True)
+
+    probs = logits.softmax(-1)
+    expected_entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean((1, 2)) / math.log(t)
+    expected_share = t * probs[:, :, p:, 0].mean((1, 2))
+    assert torch.allclose(entropy, expected_entropy, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(share, expected_share, rtol=1e-5, atol=1e-6)
+    if form == "logits":
+        assert torch.equal(scores.logits, logits)
