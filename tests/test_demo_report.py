@@ -6,6 +6,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -298,3 +299,27 @@ def test_report_renders_in_headless_chromium_with_plots_visible(demo_run, tmp_pa
     image = Image.open(shot).convert("L")
     colours = image.getcolors(maxcolors=1 << 16) or []
     assert image.size == (1200, 2000) and len(colours) > 50  # plots, not a blank page
+
+
+def test_bench_demo_records_phase_seconds_cut_and_bound_per_run(tmp_path):
+    """benchmarks/bench_demo.py at --smoke size (a check that it runs, no figures): per seed × threads the wall
+    time split into phases that add up to it, the cut's record and the held-out accuracy."""
+    out = tmp_path / "demo.json"
+    bench = Path(__file__).parents[1] / "benchmarks"
+    done = subprocess.run([sys.executable, str(bench / "bench_demo.py"), "--smoke", "--seeds", "0", "--threads", "1",
+                           "--modes", "quick", "--out", str(out)], cwd=bench, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(out.read_text())
+    (run,) = data["runs"]
+    assert (run["mode"], run["seed"], run["threads"]) == ("quick", 0, 1)
+    phases = run["phase_seconds"]
+    assert list(phases) == ["startup", "data", "watch", "training", "evaluation", "analysis", "truncate", "report",
+                            "other"]
+    assert all(value > 0 for name, value in phases.items() if name != "other")
+    assert sum(phases.values()) == pytest.approx(run["seconds"])
+    assert phases["startup"] < run["seconds"] and 0 <= run["held_out_accuracy"] <= 1
+    assert run["depth"] == 2 and run["max_drop"] == QUICK.max_drop and "upper_bound_points" in run
+    assert data["summary"]["quick"]["slowest_run_phase_seconds"] == phases
+    refused = subprocess.run([sys.executable, str(bench / "bench_demo.py"), "--smoke"], cwd=bench,
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "--smoke records no figures" in refused.stderr

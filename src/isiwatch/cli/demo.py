@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,22 @@ def _port_free(port: int) -> bool:
     return True
 
 
+class PhaseClock:
+    """Wall seconds per phase of the demo (``benchmarks/bench_demo.py`` records them): where its time goes."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the wall time of the ``with`` body to phase ``name``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
 @dataclass(frozen=True)
 class DemoSettings:
     """Model depth, training epochs (32 steps each) and peak learning rate, sampling interval, and the cut:
@@ -95,8 +112,9 @@ QUICK = DemoSettings(depth=6, epochs=10, lr=3e-3, every_n_steps=16, max_drop=5.0
 def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", config: str | Path | None = None,
              prometheus_port: int | None = PROMETHEUS_PORT, serve: float = 0, seed: int = 0,
              echo: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:
-    """Train with Watch, analyse, truncate, report; returns a summary dict. ``config``: Watch options
-    (isiwatch.yaml) that override the demo's defaults. ``serve``: seconds to keep the Prometheus endpoint up
+    """Train with Watch, analyse, truncate, report; returns a summary dict (``phase_seconds``: wall seconds of data,
+    the Watch, training alone, evaluation, analysis, truncate and report; :class:`PhaseClock`). ``config``: Watch
+    options (isiwatch.yaml) that override the demo's defaults. ``serve``: seconds to keep the Prometheus endpoint up
     after the demo has finished (it then stays up from training on), so a scraping Prometheus sees open alert
     episodes long enough for rules with a ``for:`` delay to fire; 0 closes it when training ends. ``progress``:
     draw progress bars while training and healing."""
@@ -109,7 +127,9 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
                          f"--prometheus-port P for another port (0: any free one)")
     settings = QUICK if quick else FULL
     out = Path(out)
-    images, labels = embedded_digits()
+    clock = PhaseClock()
+    with clock.phase("data"):
+        images, labels = embedded_digits()
     train_x, train_y = images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN]
     test_x, test_y = images[DIGITS_TRAIN:], labels[DIGITS_TRAIN:]
     model, kwargs = make_digits_vit(seed, depth=settings.depth)
@@ -125,15 +145,18 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
          f"{options['every_n_steps']} steps "
          f"on {PROBE_IMAGES} held-out digits")
     start = time.perf_counter()
-    with Watch(model, test_x[:PROBE_IMAGES], test_y[:PROBE_IMAGES], config=options,
-               alert_callback=print_alert) as watch:
+    with clock.phase("watch"):
+        watch = Watch(model, test_x[:PROBE_IMAGES], test_y[:PROBE_IMAGES], config=options,
+                      alert_callback=print_alert)
+    with watch:
         if watch.prometheus and watch.prometheus.port:
             echo(f"Prometheus metrics at http://127.0.0.1:{watch.prometheus.port}/metrics while training")
         last_span = "not sampled"
 
         def on_step(step: int, loss: float) -> bool:
             nonlocal last_span
-            watch.step(step, loss)
+            with clock.phase("watch"):
+                watch.step(step, loss)
             if watch.last_step == step:
                 ph = watch.history[-1].phases
                 span = f"plateau {ph.plateau[0]}–{ph.plateau[1]}" if ph else "no plateau"
@@ -144,7 +167,8 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
 
         steps = train_classifier(model, train_x, train_y, epochs=settings.epochs, lr=settings.lr, seed=seed,
                                  on_step=on_step, progress=progress)
-        watch.finish()  # the final sample reaches the exporter before it may be kept past the Watch
+        with clock.phase("watch"):
+            watch.finish()  # the final sample reaches the exporter before it may be kept past the Watch
         samples = len(watch.history)
         stop_reason = watch.stop_reason
         exporter = watch.prometheus if serve and watch.prometheus and watch.prometheus.port else None
@@ -152,17 +176,21 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
             watch.exporters.remove(exporter)  # closing the Watch leaves a kept one serving
     try:
         train_seconds = time.perf_counter() - start
-        acc = accuracy(model, test_x, test_y)
-        echo(f"trained {steps} steps in {train_seconds:.1f} s ({samples} samples); held-out accuracy {acc:.3f}"
+        clock.seconds["training"] = train_seconds - clock.seconds["watch"]  # the optimizer steps alone
+        with clock.phase("evaluation"):
+            acc = accuracy(model, test_x, test_y)
+            ckpt = save_checkpoint(out / "model.pt", DIGITS_VIT_ARCH, kwargs, model.state_dict(),
+                                   metadata={"held_out_accuracy": acc, "steps": steps})
+        echo(f"trained {steps} steps in {train_seconds:.1f} s ({samples} samples, {clock.seconds['watch']:.1f} s of "
+             f"it the Watch's); held-out accuracy {acc:.3f}"
              + (f"; stopped early: {stop_reason}" if stop_reason else ""))
 
-        ckpt = save_checkpoint(out / "model.pt", DIGITS_VIT_ARCH, kwargs, model.state_dict(),
-                               metadata={"held_out_accuracy": acc, "steps": steps})
-        result = analyze(model, test_x, test_y, batch_size=len(test_x))
-        result.model_info.update({"arch": DIGITS_VIT_ARCH, "model_kwargs": kwargs, "checkpoint": str(ckpt),
-                             "sha256": sha256_of(ckpt), "held_out_accuracy": acc})
-        record = analysis_record(result)
-        analysis_path = write_analysis(result, out)[0]
+        with clock.phase("analysis"):
+            result = analyze(model, test_x, test_y, batch_size=len(test_x))
+            result.model_info.update({"arch": DIGITS_VIT_ARCH, "model_kwargs": kwargs, "checkpoint": str(ckpt),
+                                      "sha256": sha256_of(ckpt), "held_out_accuracy": acc})
+            record = analysis_record(result)
+            analysis_path = write_analysis(result, out)[0]
         echo(analysis_table(result))
         echo(phases_line(result))
         echo(f"recommended depth: {recommendation_text(record['recommendation'])}")
@@ -172,15 +200,19 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
              f"{settings.heal_steps}" + (" --distill" if settings.distill else "") + ": the cheapest healed cut "
              f"whose accuracy drop on the validation digits is within {settings.max_drop:g} points at "
              f"{100 * DEFAULT_CONFIDENCE:g} % confidence")
-        truncated = truncate(ckpt, out / "truncated.pt", analysis=analysis_path, max_drop=settings.max_drop,
-                             confidence=DEFAULT_CONFIDENCE, budget=settings.cut_budget,
-                             screen_steps=settings.screen_steps, heal_steps=settings.heal_steps,
-                             distill=settings.distill, report=out / "truncate_report.json", device=device, seed=seed,
-                             progress=progress)
+        with clock.phase("truncate"):
+            # the digits as the tensors already in memory: the same 4,000 healing / 1,000 held-out split, pixels and
+            # normalisation as `truncate --data mnist`, without parsing the CSV again and a PIL transform per image
+            truncated = truncate(ckpt, out / "truncated.pt", data=(images, labels), analysis=analysis_path,
+                                 max_drop=settings.max_drop, confidence=DEFAULT_CONFIDENCE, budget=settings.cut_budget,
+                                 screen_steps=settings.screen_steps, heal_steps=settings.heal_steps,
+                                 distill=settings.distill, report=out / "truncate_report.json", device=device,
+                                 seed=seed, progress=progress)
         echo(candidates_table(truncated.report))
         echo(report_table(truncated.report))
         echo(verdict_line(truncated.report))
-        report_paths = write_report(out, out / "report")
+        with clock.phase("report"):
+            report_paths = write_report(out, out / "report")
         echo(f"wrote {out}/: model.pt, analysis.json, curves.png, metrics.jsonl, alerts.jsonl, TensorBoard events, "
              f"truncated.pt, truncate_report.json, {report_paths[-1].relative_to(out)}")
         if exporter:
@@ -189,4 +221,4 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
         if exporter:
             exporter.close()  # closed early when the demo fails; idempotent
     return {"accuracy": acc, "steps": steps, "train_seconds": train_seconds, "analysis": result,
-            "truncation": truncated.report, "samples": samples}
+            "truncation": truncated.report, "samples": samples, "phase_seconds": clock.seconds}
