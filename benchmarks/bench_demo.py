@@ -103,7 +103,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # "seconds": the slowest run of each command, the figure the README quotes
     seconds = {("demo --quick" if mode == "quick" else "demo"): summary[mode]["slowest_seconds"] for mode in summary}
-    args.out.write_text(json.dumps({"seconds": seconds, "summary": summary, "runs": runs,
+    command = " ".join(["python benchmarks/bench_demo.py", *sys.argv[1:]])
+    args.out.write_text(json.dumps({"command": command, "seconds": seconds, "summary": summary, "runs": runs,
                                     "machine": machine(threads=None)}, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 

@@ -339,10 +339,35 @@ def analyze_cost(data: dict) -> list[str]:
     return lines
 
 
+@needs("watch/watch.json", "Monitor overhead (`benchmarks/bench_watch.py`)", "python benchmarks/bench_watch.py")
+def watch_overhead(data: dict) -> list[str]:
+    """The script's table, then the goals of the monitor issue: floor ratios, whole run, start/close and RSS."""
+    args = data.get("args", {})
+    command = "python benchmarks/bench_watch.py" + "".join(
+        f" --{name} {args[name]}" for name in ("rounds", "threads", "device") if name in args)
+    lines = ["## Monitor overhead (`benchmarks/bench_watch.py`)", "",
+             f"Command: `{command}`. Machine: {describe(data.get('machine'))}.", "", *data.get("markdown", []), ""]
+    if "floor_ratio" in data:
+        vit = data.get("vit_small") or {}
+        lines += [f"One sample against one plain eval forward of the probe batch (the floor): digits "
+                  f"**{data['floor_ratio']:.2f}×** ({data['floor_ratio_with_exports']:.2f}× with its exports; goal "
+                  "≤ 1.3×)" + (f"; ViT-S/16 at 224 px, {vit['probe_images']} probe images: "
+                              f"**{vit['floor_ratio']:.2f}×** (goal ≤ 1.1×)" if vit else "") + ". "
+                  f"Whole run, watched against plain: {100 * data['whole_run_ratio']:+.2f} %; the Watch's start "
+                  f"{data['watch_start_s']:.2f} s and close {data['watch_close_s']:.2f} s, outside the rounds."]
+    rss = data.get("rss")
+    if rss:
+        lines += ["", f"RSS over {rss['samples']:,} samples with a log_dir ({rss['probe_images']} probe images, "
+                  f"heat-maps every {rss['heatmap_every']} samples, history {rss['history_size']:,}): "
+                  f"**{rss['growth_mb']:+.1f} MB** from sample {rss['from_sample']:,} to the last."]
+    return lines + [""]
+
+
 @needs("demo/demo.json", "The demo (`benchmarks/bench_demo.py`)", "python benchmarks/bench_demo.py")
 def demo(data: dict) -> list[str]:
     return ["## The demo (`benchmarks/bench_demo.py`)", "",
-            f"Command: `python benchmarks/bench_demo.py`. Machine: {describe(data.get('machine'))}. Each run in a "
+            f"Command: `{data.get('command', 'python benchmarks/bench_demo.py')}`. Machine: "
+            f"{describe(data.get('machine'))}. Each run in a "
             "fresh process, torch threads chosen by `isiwatch._utils.threads`.",
             "", "| command | wall time (slowest run) |", "|---|---|",
             *(f"| `isiwatch {name}` | {value:.0f} s |" for name, value in data["seconds"].items()), "",
@@ -419,7 +444,7 @@ SECTIONS: list[Callable[[Path], list[str]]] = [
     analyze_cost,
     rendered("Probe stage vs logistic regression", "bench_probes.py", "probes/probes.json",
              "python benchmarks/bench_probes.py"),
-    rendered("Monitor overhead", "bench_watch.py", "watch/watch.json", "python benchmarks/bench_watch.py"),
+    watch_overhead,
     rendered("Monitor overhead with 128 probe images", "bench_watch.py", "watch/watch_128.json",
              "python benchmarks/bench_watch.py --probe-images 128 --threads 1 --out "
              "benchmarks/results/watch/watch_128.json"),

@@ -57,6 +57,23 @@ def test_sections_render_the_figures_and_the_machine_of_their_json(tmp_path):
     assert "| overhead | 0.8 % |" in text
 
 
+def test_the_watch_section_gives_the_floor_ratios_whole_run_and_rss_of_its_json(tmp_path):
+    machine = {"cpu": "Test CPU", "usable_cores": 2, "torch_threads": 1, "load_1min": 1.0, "torch": "2.x",
+               "python": "3.x", "device": "cpu"}
+    (tmp_path / "watch").mkdir()
+    (tmp_path / "watch" / "watch.json").write_text(json.dumps(
+        {"machine": machine, "args": {"rounds": "2", "threads": "1", "device": "cpu"}, "markdown": ["| t |"],
+         "floor_ratio": 2.0949, "floor_ratio_with_exports": 2.1546, "whole_run_ratio": -0.0202, "watch_start_s": 0.23,
+         "watch_close_s": 3.22, "vit_small": {"probe_images": 256, "floor_ratio": 1.2319},
+         "rss": {"samples": 2000, "probe_images": 64, "heatmap_every": 10, "history_size": 1000, "growth_mb": 0.8047,
+                 "from_sample": 1000}}))
+    text = report.render(tmp_path)
+    assert "Command: `python benchmarks/bench_watch.py --rounds 2 --threads 1 --device cpu`" in text
+    assert "digits **2.09×** (2.15× with its exports; goal ≤ 1.3×)" in text
+    assert "256 probe images: **1.23×** (goal ≤ 1.1×)" in text and "-2.02 %" in text
+    assert "**+0.8 MB** from sample 1,000 to the last" in text
+
+
 def test_the_docs_quote_the_truncate_speedups_at_batch_64_and_batch_1():
     data = json.loads((ROOT / "benchmarks" / "results" / "truncate_auto" / "truncate_auto.json").read_text())
     speed = report.truncate_speedups(data)
