@@ -180,6 +180,35 @@ def test_a_failing_exporter_is_skipped_reported_once_and_recovers(digits, unwatc
     assert sum("monitor_error" in r.getMessage() for r in caplog.records) == 2  # the user's logging gets both
 
 
+class ChargingExporter(Exporter):
+    """Reports 100 s of background work per sample (far above any real sample); its report raises at the steps in
+    ``failing``."""
+
+    def __init__(self, failing):
+        self.failing, self.step = failing, None
+
+    def write_sample(self, sample, context):
+        self.step = sample.step
+
+    def background_seconds(self):
+        if self.step is not None and self.step + 2 in self.failing:
+            raise RuntimeError("background accounting failed (injected)")
+        return 100.0
+
+
+def test_a_failing_background_report_costs_nothing_and_training_goes_on(digits, unwatched):
+    x, y, px, py = digits
+    model = tiny_vit()
+    records = []
+    watch = Watch(model, px, py, every_n_steps=2, exporters=[ChargingExporter({6})], alert_callback=records.append)
+    result = train(model, x, y, 12, watch)
+    watch.close()
+    assert_unperturbed(result, unwatched)
+    assert ("monitor_error", "exporter ChargingExporter") in kinds(records)
+    by_step = {sample.step: sample.overhead_s for sample in watch.history}
+    assert by_step[4] >= 100 and by_step[6] < 100  # the 100 s are charged, except where the report failed
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 320 KiB tmpfs (the tests run as root, as CI does)."""

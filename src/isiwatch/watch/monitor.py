@@ -207,15 +207,16 @@ class Watch:
         none or this is not rank 0."""
         return self._prometheus
 
-    def _each(self, hook: str, *args: Any) -> None:
-        """Call ``hook`` (an :class:`~isiwatch.watch.exporters.Exporter` method) on every exporter, in order. One
-        that raises is reported (:attr:`faults`) and skipped; the next call tries it again, and its next
-        ``write_sample`` that works closes the fault."""
+    def _each(self, hook: str, *args: Any) -> list[Any]:
+        """Call ``hook`` (an :class:`~isiwatch.watch.exporters.Exporter` method) on every exporter, in order, and
+        return what the calls that worked returned. One that raises is reported (:attr:`faults`) and skipped; the
+        next call tries it again, and its next ``write_sample`` that works closes the fault."""
         names = [type(exporter).__name__ for exporter in self.exporters]
+        results = []
         for i, exporter in enumerate(list(self.exporters)):
             source = f"exporter {names[i]}" if names.count(names[i]) == 1 else f"exporter {names[i]}[{i}]"
             try:
-                getattr(exporter, hook)(*args)
+                results.append(getattr(exporter, hook)(*args))
             except Exception as exc:
                 if self.options.strict:
                     raise
@@ -223,6 +224,7 @@ class Watch:
             else:
                 if hook == "write_sample":
                     self.faults.recovered(source, self.last_step or 0)
+        return results
 
     def _write_alert(self, alert: Alert) -> None:
         self._each("write_alert", alert)
@@ -366,16 +368,8 @@ class Watch:
 
     def _background_seconds(self) -> float:
         """The exporters' CPU seconds off the training thread since the last sample; one that raises is reported
-        (:attr:`faults`) and counts nothing."""
-        total = 0.0
-        for exporter in self.exporters:
-            try:
-                total += float(exporter.background_seconds())
-            except Exception as exc:
-                if self.options.strict:
-                    raise
-                self.faults.failed(f"exporter {type(exporter).__name__}", self.last_step or 0, exc)
-        return total
+        (:attr:`faults`, through :meth:`_each`) and counts nothing."""
+        return sum(float(seconds) for seconds in self._each("background_seconds"))
 
     def _fit_budget(self, ratio: float | None, budget: float) -> None:
         """Stretch (or shorten, with hysteresis: only to half or less) :attr:`interval` so the overhead ratio
