@@ -24,7 +24,7 @@ per variant, how often the test drop exceeded the max drop (the goal at 0.95: at
 removed and latency speed-up, and the paired test accuracy of ``--distill`` minus plain.
 
     python benchmarks/bench_truncate_auto.py                  # cuts and baselines (one process per task is fine)
-    python benchmarks/bench_truncate_auto.py --guarantee      # the rule: 2 tasks × 3 seeds × 4 resamples × 3
+    python benchmarks/bench_truncate_auto.py --guarantee      # the rule: 2 tasks × 3 seeds × 2 resamples × 3
     python benchmarks/bench_truncate_auto.py --costs --threads 2   # latency, alone on the machine; then summary
 """
 
@@ -204,7 +204,7 @@ def guarantee_summary(rows: list[dict], cost_rows: list[dict], args) -> tuple[di
     lines = [f"**The acceptance rule** (`--guarantee`): {args.depth}-block sweep models, max drop "
              f"{args.guarantee_max_drop:g} points, every model × resampled validation/test split.", "",
              "| variant | cases | test drop > max drop | cuts | blocks removed | latency speed-up b64 | "
-             "test drop (points) |", "|---|---|---|---|---|---|---|"]
+             "test drop (points) | search seconds (median) |", "|---|---|---|---|---|---|---|---|"]
     for variant in VARIANTS:
         group = [r for r in rows if r.get("variant") == variant]
         if not group:
@@ -215,12 +215,13 @@ def guarantee_summary(rows: list[dict], cost_rows: list[dict], args) -> tuple[di
                  "cut_rate": statistics.fmean(r["keep"] < args.depth for r in group),
                  "removed": 1 - statistics.fmean(r["keep"] for r in group) / args.depth,
                  "speedup_b64": statistics.fmean(speedups) if speedups else None,
-                 "test_drop": mean_ci([r["test_drop_points"] / 100 for r in group])}
+                 "test_drop": mean_ci([r["test_drop_points"] / 100 for r in group]),
+                 "search_seconds_median": statistics.median(r["seconds"] for r in group)}
         summary["variants"][variant] = entry
         speed = f"{entry['speedup_b64']:.2f}×" if entry["speedup_b64"] else "–"
         lines.append(f"| {variant} | {entry['cases']} | {100 * entry['exceeded_rate']:.1f} % | "
                      f"{100 * entry['cut_rate']:.0f} % | {100 * entry['removed']:.0f} % | {speed} | "
-                     f"{fmt_ci(entry['test_drop'])} |")
+                     f"{fmt_ci(entry['test_drop'])} | {entry['search_seconds_median']:.0f} |")
     pairs = {(r["task"], r["seed"], r["resample"]): r for r in rows if r.get("variant") == "plain 0.95"}
     diffs = [r["test"] - pairs[k]["test"] for r in rows if r.get("variant") == "distill 0.95"
              and (k := (r["task"], r["seed"], r["resample"])) in pairs]
@@ -346,7 +347,7 @@ def main() -> None:
     add_threads_argument(parser)
     parser.add_argument("--guarantee", action="store_true",
                         help="evaluate the acceptance rule on resampled validation/test splits")
-    parser.add_argument("--resamples", type=int, default=4, help="--guarantee: re-splits per model")
+    parser.add_argument("--resamples", type=int, default=2, help="--guarantee: re-splits per model")
     parser.add_argument("--guarantee-max-drop", type=float, default=3.0, help="--guarantee: max drop (points)")
     parser.add_argument("--costs", action="store_true", help="measure latency and write the summary")
     parser.add_argument("--latency-rounds", type=int, default=30)
