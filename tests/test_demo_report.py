@@ -323,3 +323,28 @@ def test_bench_demo_records_phase_seconds_cut_and_bound_per_run(tmp_path):
     refused = subprocess.run([sys.executable, str(bench / "bench_demo.py"), "--smoke"], cwd=bench,
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "--smoke records no figures" in refused.stderr
+
+
+def test_the_demo_trains_with_explicit_attention_and_analyses_with_the_models_own():
+    """Training takes timm's explicit softmax path (faster than the fused kernel for 17 tokens on CPU); evaluation
+    and analysis after it take the fused path again, as `isiwatch analyze model.pt` does."""
+    import torch
+
+    from isiwatch.cli.demo import explicit_attention
+    from isiwatch.truncation.healing import make_digits_vit
+
+    model, _ = make_digits_vit(0, depth=2)
+    attention = [m for m in model.modules() if hasattr(m, "fused_attn")]
+    assert len(attention) == 2 and all(m.fused_attn for m in attention)
+    x = embedded_digits()[0][:8]
+    model.eval()
+    with torch.no_grad():
+        fused = model(x)
+        with explicit_attention(model):
+            assert not any(m.fused_attn for m in attention)
+            explicit = model(x)
+    assert all(m.fused_attn for m in attention)
+    torch.testing.assert_close(explicit, fused, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError), explicit_attention(model):
+        raise RuntimeError("training failed")
+    assert all(m.fused_attn for m in attention)
