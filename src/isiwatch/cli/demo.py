@@ -89,14 +89,14 @@ def explicit_attention(model: nn.Module) -> Iterator[None]:
     faster on CPU (the fused kernel's per-call cost is made for long sequences). A runtime flag, restored on exit, so
     that the demo's evaluation and analysis take the same path as ``isiwatch analyze model.pt``."""
     modules = [m for m in model.modules() if hasattr(m, "fused_attn")]
-    fused = [m.fused_attn for m in modules]
+    fused = [bool(m.fused_attn) for m in modules]
     for m in modules:
-        m.fused_attn = False
+        m.__dict__["fused_attn"] = False  # a plain attribute (timm's Final[bool]), not a parameter or submodule
     try:
         yield
     finally:
         for m, flag in zip(modules, fused):
-            m.fused_attn = flag
+            m.__dict__["fused_attn"] = flag
 
 
 @dataclass(frozen=True)
