@@ -197,10 +197,12 @@ def truncate_auto(data: dict) -> list[str]:
             row("≤ 1 point test loss (auto, mean)",
                 lambda t, m: f"{met(m['auto']['diff'][0] >= -0.01)}: {ci(m['auto']['diff'])}"),
             row("recommended cut ≥ the best baseline at the same K", against_best), ""]
-    guarantee = data.get("guarantee", {})
-    if guarantee.get("markdown"):
+    guarantee_rows = data.get("guarantee", {}).get("rows")
+    if guarantee_rows:  # rendered from the committed rows, as the tables above
+        _, guarantee_lines = bench_truncate_auto.guarantee_summary(guarantee_rows, data["costs"], SimpleNamespace(
+            depth=depth, guarantee_max_drop=float(args["guarantee_max_drop"])))
         out += ["Command: `python benchmarks/bench_truncate_auto.py --guarantee`, then `--costs`. At confidence 0.95 "
-                "the goal is a test drop above the max drop in at most 5 % of cases.", "", *guarantee["markdown"]]
+                "the goal is a test drop above the max drop in at most 5 % of cases.", "", *guarantee_lines]
     return out
 
 

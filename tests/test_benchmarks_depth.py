@@ -42,6 +42,10 @@ def test_sweep_rule_scores_and_auto_truncation_on_two_tiny_depths(tmp_path):
     assert all(r["exceeded"] == (r["test_drop_points"] > 3.0) and 1 <= r["keep"] <= 2 for r in guarantee["rows"])
     assert {v["cases"] for v in guarantee["summary"]["variants"].values()} == {1}
     assert all(v["search_seconds_median"] > 0 for v in guarantee["summary"]["variants"].values())
+    for variant, v in guarantee["summary"]["variants"].items():
+        group = [r for r in guarantee["rows"] if r["variant"] == variant]
+        assert v["worst_test_drop_points"] == max(r["test_drop_points"] for r in group)
+        assert v["cuts"] == sum(r["keep"] < 2 for r in group)
     (auto,) = [r for r in evaluation["rows"] if r["strategy"] == "auto"]
     assert 1 <= auto["keep"] <= 2 and len(auto["candidates"]) <= 2
     qualifying = [c["keep"] for c in auto["candidates"] if c["qualifies"]]
