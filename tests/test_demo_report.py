@@ -18,6 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from test_watch import tiny_vit
 
 import isiwatch
+import isiwatch.cli.demo as demo_module
 from isiwatch import Watch
 from isiwatch._utils.files import write_json
 from isiwatch.cli.commands import main
@@ -30,6 +31,7 @@ from isiwatch.measure.tables import recommendation_text
 
 SERVE_S = 3
 SERVED = {}  # what demo_run's scraper saw
+TRAINED_FUSED = []  # the fused_attn flag of every attention module when the demo started training
 
 
 def free_port() -> int:
@@ -54,9 +56,17 @@ def demo_run(tmp_path_factory):
 
     scraper = threading.Thread(target=scrape, daemon=True)
     scraper.start()
+    real_train = demo_module.train_classifier
+
+    def train(model, *args, **kwargs):  # what attention path the demo's training takes
+        TRAINED_FUSED.extend(m.fused_attn for m in model.modules() if hasattr(m, "fused_attn"))
+        return real_train(model, *args, **kwargs)
+
     try:
-        result = CliRunner().invoke(main, ["demo", "--quick", "--out", str(out), "--prometheus-port", str(port),
-                                           "--serve", str(SERVE_S)])
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(demo_module, "train_classifier", train)
+            result = CliRunner().invoke(main, ["demo", "--quick", "--out", str(out), "--prometheus-port", str(port),
+                                               "--serve", str(SERVE_S)])
     finally:
         ended = time.monotonic()
         done.set()
@@ -325,10 +335,12 @@ def test_bench_demo_records_phase_seconds_cut_and_bound_per_run(tmp_path):
     assert refused.returncode == 2 and "--smoke records no figures" in refused.stderr
 
 
-def test_the_demo_trains_with_explicit_attention_and_analyses_with_the_models_own():
+def test_the_demo_trains_with_explicit_attention_and_analyses_with_the_models_own(demo_run):
     """Training takes timm's explicit softmax path (faster than the fused kernel for 17 tokens on CPU); evaluation
     and analysis after it take the fused path again, as `isiwatch analyze model.pt` does."""
     import torch
+
+    assert len(TRAINED_FUSED) == QUICK.depth and not any(TRAINED_FUSED)  # the demo itself trained unfused
 
     from isiwatch.cli.demo import explicit_attention
     from isiwatch.truncation.healing import make_digits_vit
