@@ -100,8 +100,9 @@ def test_a_render_still_running_is_not_doubled(probe, tmp_path):
 def test_attention_stats_in_place_path_matches_the_softmax_reference(form):
     """The entropy and [CLS] share, summed in place in the scores formed per chunk, equal the plain softmax
     computation (several chunks, a −inf mask), and the model's own logits are left as they were."""
-    from isiwatch.measure.metrics import SCORE_CHUNK, attention_stats
+    from isiwatch.measure.metrics import attention_stats
     from isiwatch.taps import AttentionScores
+    from isiwatch.taps.attention import SCORE_CHUNK
 
     gen = torch.Generator().manual_seed(0)
     b, h, t, hd, p = 10, 2, 256, 16, 1
@@ -123,3 +124,72 @@ def test_attention_stats_in_place_path_matches_the_softmax_reference(form):
     assert torch.allclose(share, expected_share, rtol=1e-5, atol=1e-6)
     if form == "logits":
         assert torch.equal(scores.logits, logits)
+
+
+class _CountAttention(torch.overrides.TorchFunctionMode):
+    """Counts the ``scaled_dot_product_attention`` calls that reach the kernel (below the tap's recorder)."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernel_calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            self.kernel_calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_probe_pass_attends_once_and_gives_the_fused_kernels_output(probe):
+    """On a plain attention call the recorder attends itself (the fused kernel never runs, so q·kᵀ is formed once,
+    not once for the output and again for the statistics), and the model's output is the fused forward's to
+    rounding."""
+    from isiwatch.taps import Tap
+    from isiwatch.taps.registry import vit_parts
+
+    model = tiny_vit().eval()
+    images = probe[0]
+    with torch.no_grad():
+        expected = model(images)
+    blocks = []
+    with _CountAttention() as counter:
+        output = Tap(vit_parts(model)).capture(model, images, lambda e, x: None, blocks.append)
+    assert counter.kernel_calls == 0
+    assert len(blocks) == 2 and all(b.attention.rows is not None for b in blocks)
+    assert torch.allclose(output, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_recorders_own_attention_matches_the_kernel_and_the_softmax(dtype):
+    """Several chunks of images: the output equals ``scaled_dot_product_attention``'s in the input's dtype, and the row
+    statistics equal the softmax's entropy and weight on key 0."""
+    from isiwatch.taps.attention import SCORE_CHUNK, _attend
+
+    gen = torch.Generator().manual_seed(0)
+    b, h, t, hd = 10, 2, 256, 16
+    assert SCORE_CHUNK // (h * t * t) < b  # more than one chunk
+    q, k, v = (3 * torch.randn(b, h, t, hd, generator=gen)).to(dtype), *(torch.randn(2, b, h, t, hd, generator=gen)
+                                                                         .to(dtype))
+    out, record = _attend(q, k, v)
+    kernel = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert out.dtype == dtype
+    assert torch.allclose(out.float(), kernel.to(dtype).float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+                          atol=1e-2 if dtype == torch.bfloat16 else 1e-5)
+    probs = (q.float() @ k.float().transpose(-2, -1) * hd ** -0.5).softmax(-1)
+    assert torch.allclose(record.rows.entropy, -(probs * probs.clamp_min(1e-30).log()).sum(-1), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(record.rows.first, probs[..., 0], rtol=1e-5, atol=1e-7)
+
+
+def test_a_masked_attention_still_runs_the_models_kernel():
+    """A call the recorder cannot answer as the kernel would (here a mask) goes to the kernel, and its scores are
+    rebuilt from q and k."""
+    from isiwatch.taps.attention import AttentionRecorder
+
+    q = k = v = torch.randn(2, 2, 5, 4)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    recorder = AttentionRecorder()
+    with _CountAttention() as counter, recorder:
+        recorder.active = True
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert counter.kernel_calls == 1
+    assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert recorder.records[0].q is not None and recorder.records[0].rows is None

@@ -40,46 +40,22 @@ def _norm(squared: Tensor) -> Tensor:
     return squared.sqrt().clamp_min(EPS)
 
 
-#: Attention scores handled per chunk of images (elements), so the softmax passes stay in cache.
-SCORE_CHUNK = 1 << 19
-
-
 def attention_stats(scores: AttentionScores, p: int, has_cls: bool) -> tuple[Tensor, Tensor | None]:
-    """(attn_entropy, cls_attention_share) per image from a block's attention scores, chunk by chunk.
+    """(attn_entropy, cls_attention_share) per image from a block's attention (its per-row statistics,
+    :meth:`~isiwatch.taps.AttentionScores.row_stats`).
 
-    With m the row maximum and e = exp(s − m), the softmax row is e / Σe and its entropy is
-    ``ln Σe − Σ e·(s − m) / Σe``: one exponential per score, and no copy of the scores beyond e (the shift is
-    made in place in scores formed for this chunk, never in the model's own logits). It is normalised by ln Tk
-    (0 = one source, 1 = uniform); masked (−inf) scores carry no probability and add nothing. The [CLS] share is
-    Tk · mean attention that patch queries pay to [CLS] (1 = uniform); NaN where patches do not query (CaiT's class
-    attention).
+    The entropy is averaged over heads and query rows and normalised by ln Tk (0 = one source, 1 = uniform); masked
+    (−inf) scores carry no probability and add nothing. The [CLS] share is Tk · mean attention that patch queries
+    pay to [CLS] (1 = uniform); NaN where patches do not query (CaiT's class attention).
     """
-    b, h, tq, tk = scores.shape
-    step = max(1, SCORE_CHUNK // (h * tq * tk))
-    entropy = torch.empty(b, device=_device(scores))
-    share = torch.full((b,), math.nan, device=entropy.device) if has_cls else None
-    masked = scores.masked
-    formed = scores.logits is None  # the scores are formed anew per chunk (not the model's own logits): reusable
-    for i in range(0, b, step):
-        s = scores.scores(i, i + step)
-        peak = s.amax(-1, keepdim=True)
-        shifted = s.sub_(peak) if formed else s - peak
-        e = shifted.exp()
-        total = e.sum(-1)
-        if share is not None and tq == tk:
-            share[i:i + step] = (e[:, :, p:, 0] / total[:, :, p:]).mean((1, 2)) * tk
-        if masked:
-            shifted.clamp_min_(torch.finfo(s.dtype).min)  # 0 · (−inf) would be NaN; 0 · min is 0
-        # Σ e·(s − m), summed in place in e (read for the share above): a third fewer passes over the scores
-        entropy[i:i + step] = (total.log() - e.mul_(shifted).sum(-1) / total).mean((1, 2))
-    entropy /= math.log(tk)
+    rows = scores.row_stats()
+    b, _, tq, tk = scores.shape
+    entropy = rows.entropy.mean((1, 2)) / math.log(tk)
+    share = None
+    if has_cls:
+        share = rows.first[:, :, p:].mean((1, 2)) * tk if tq == tk else torch.full((b,), math.nan,
+                                                                                 device=entropy.device)
     return entropy, share
-
-
-def _device(scores: AttentionScores) -> torch.device:
-    held = scores.logits if scores.logits is not None else scores.q
-    assert held is not None  # q is set whenever logits are not
-    return held.device
 
 
 def token_similarity(z: Tensor, p: int, center: Tensor | None = None) -> Tensor:
