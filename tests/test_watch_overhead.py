@@ -193,3 +193,31 @@ def test_a_masked_attention_still_runs_the_models_kernel():
     assert counter.kernel_calls == 1
     assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
     assert recorder.records[0].q is not None and recorder.records[0].rows is None
+
+
+def test_block_metrics_never_allocate_a_whole_batch_copy_of_the_activations():
+    """The metrics read a block's (B,T,D) tensors chunk by chunk of images and take dot products without forming the
+    elementwise product: no allocation comes near one whole activation (such copies made ViT-S-sized metrics 3×
+    slower), and the values equal the whole-batch computation."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from isiwatch.measure.metrics import TOKEN_CHUNK, block_metrics, cls_patch_cos, token_similarity
+    from isiwatch.taps import AttentionScores, BlockTensors
+    from isiwatch.taps.attention import AttentionRows
+
+    gen = torch.Generator().manual_seed(0)
+    b, t, d, h = 32, 197, 384, 2
+    assert TOKEN_CHUNK // (t * d) * 4 <= b  # at least four chunks
+    x, x_normed, branch, z = (torch.randn(b, t, d, generator=gen) for _ in range(4))
+    rows = AttentionRows(torch.rand(b, h, t, generator=gen), torch.rand(b, h, t, generator=gen), t)
+    bt = BlockTensors(0, x, x_normed, branch, z, AttentionScores(rows=rows), 1, True)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        metrics = block_metrics(bt)
+    largest = max(event.cpu_memory_usage for event in prof.events())
+    assert 0 < largest <= x.nbytes // 4
+    assert torch.allclose(metrics["token_similarity"], token_similarity(z, 1), atol=1e-6)
+    assert torch.allclose(metrics["norm_friction"], cls_patch_cos(x, 1) - cls_patch_cos(x_normed, 1), atol=1e-6)
+    y = x + branch
+    cos = torch.nn.functional.cosine_similarity
+    assert torch.allclose(metrics["attn_token_change"], 1 - cos(x, y, dim=-1).mean(-1), atol=1e-5)
+    assert torch.allclose(metrics["block_influence"], 1 - cos(x, z, dim=-1).mean(-1), atol=1e-5)
