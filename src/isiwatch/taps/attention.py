@@ -41,10 +41,10 @@ class AttentionRows:
     keys: int
 
 
-def _softmax_rows(s: Tensor, formed: bool, masked: bool,
-                  values: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(entropy, first, attention output or None) of scores ``s`` (b,H,Tq,Tk) fp32; ``formed``: ``s`` was formed
-    for this call and may be overwritten; ``values`` (b,H,Tk,hd): also return softmax(s) @ values.
+def _softmax_rows(s: Tensor, formed: bool, masked: bool, values: Tensor | None = None,
+                  out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(entropy, first) of scores ``s`` (b,H,Tq,Tk) fp32; ``formed``: ``s`` was formed for this call and may be
+    overwritten; ``values`` (b,H,Tk,hd): also write softmax(s) @ values into ``out`` (b,H,Tq,hd) fp32.
 
     With m the row maximum and e = exp(s − m), the softmax row is e / Σe and its entropy is
     ``ln Σe − Σ e·(s − m) / Σe``: one exponential per score, and no copy of the scores beyond e; the output is
@@ -55,12 +55,13 @@ def _softmax_rows(s: Tensor, formed: bool, masked: bool,
     e = shifted.exp()
     total = e.sum(-1)
     first = e[..., 0] / total
-    out = None if values is None else (e @ values).div_(total.unsqueeze(-1))
+    if values is not None:
+        torch.matmul(e, values, out=out).div_(total.unsqueeze(-1))
     if masked:
         shifted.clamp_min_(torch.finfo(s.dtype).min)  # 0 · (−inf) would be NaN; 0 · min is 0
     # Σ e·(s − m), summed in place in e (read above): a third fewer passes over the scores
     entropy = total.log() - e.mul_(shifted).sum(-1) / total
-    return entropy, first, out
+    return entropy, first
 
 
 def _chunk(shape: tuple[int, int, int, int]) -> int:
@@ -124,8 +125,7 @@ class AttentionScores:
             return self.rows
         b, _, _, tk = self.shape
         step = _chunk(self.shape)
-        parts = [_softmax_rows(self.scores(i, i + step), self.logits is None, self.masked)[:2]
-                 for i in range(0, b, step)]
+        parts = [_softmax_rows(self.scores(i, i + step), self.logits is None, self.masked) for i in range(0, b, step)]
         return AttentionRows(torch.cat([e for e, _ in parts]), torch.cat([f for _, f in parts]), tk)
 
     @classmethod
@@ -173,16 +173,14 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None 
     q, k, v = query.float(), key.float(), value.float()
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     b, h, tq, _ = q.shape
-    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=query.dtype, device=query.device)
+    out = torch.empty(*q.shape[:-1], v.shape[-1], device=q.device)
     entropy = torch.empty(b, h, tq, device=q.device)
     first = torch.empty_like(entropy)
     step = _chunk((b, h, tq, k.shape[-2]))
     for i in range(0, b, step):
         s = torch.matmul(q[i:i + step], k[i:i + step].transpose(-2, -1)).mul_(scale)
-        entropy[i:i + step], first[i:i + step], o = _softmax_rows(s, True, False, v[i:i + step])
-        assert o is not None  # values were given
-        out[i:i + step] = o
-    return out, AttentionScores(rows=AttentionRows(entropy, first, k.shape[-2]))
+        entropy[i:i + step], first[i:i + step] = _softmax_rows(s, True, False, v[i:i + step], out[i:i + step])
+    return out.to(query.dtype), AttentionScores(rows=AttentionRows(entropy, first, k.shape[-2]))
 
 
 def _softmax_over_keys(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
