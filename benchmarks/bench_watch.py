@@ -7,10 +7,11 @@ run has it. Reports total wall times and the whole-run ratio, the Watch's own ``
 per-sample cost against the cost of 100 training steps, where the rest of the whole-run difference goes (the
 Watch's start and close, timed outside the rounds, and the training steps right after a sample against the others),
 and after each round one plain eval forward of the probe batch (no hooks, no metrics, no probes): the floor any
-probe pass costs. ``floor_ratio`` is one sample over that forward, on the demo model and (``--vit-probe-images``, 0
-to skip) on timm's ViT-S/16 at 224 px, random init. Last, ``--rss-samples`` samples (0 to skip) of a Watch on the demo
-model with a ``log_dir`` and default options (heat-maps every ``heatmap_every`` samples): the process RSS every
-``--rss-every`` samples, and its growth once the history is full.
+probe pass costs. ``floor_ratio`` is one sample over that forward, measured in ``--floor-pairs`` interleaved pairs of
+one sample and one forward after the rounds (the machine's drift hits both alike), on the demo model and
+(``--vit-probe-images``, 0 to skip) on timm's ViT-S/16 at 224 px, random init. Last, ``--rss-samples`` samples
+(0 to skip) of a Watch on the demo model with a ``log_dir`` and default options (heat-maps every ``heatmap_every``
+samples): the process RSS every ``--rss-every`` samples, and its growth once the history is full.
 
     python benchmarks/bench_watch.py [--rounds 4] [--steps 200] [--threads N] [--device cpu|cuda]
 """
@@ -111,9 +112,26 @@ def rss_over_samples(samples: int, probe_images: int, device: str, every: int = 
             "growth_mb": rss_mb[samples] - rss_mb[start]}
 
 
-def vit_small_floor(images: int, samples: int, device: str) -> dict[str, float]:
-    """One Watch sample (default options) over one plain eval forward of the same probe batch, on timm's
-    ``vit_small_patch16_224`` (random init) with ``images`` random 224-px probe images: medians of ``samples``."""
+def floor_pairs(watch: Watch, model: torch.nn.Module, probe_x: torch.Tensor, pairs: int,
+                first_step: int) -> dict[str, Any]:
+    """``pairs`` rounds of one Watch sample and one plain eval forward of the same probe batch (no hooks, no
+    metrics, no probes), interleaved so that the machine's drift hits both alike, their order alternating: the
+    medians and the floor ratio, one sample's measurement over one forward."""
+    sample_s, forward_s = [], []
+    for i in range(pairs):
+        for arm in ("sample", "forward") if i % 2 == 0 else ("forward", "sample"):
+            if arm == "sample":
+                watch.sample(first_step + i)
+                sample_s.append(watch.history[-1].duration_s)
+            else:
+                forward_s.append(measure_latency({"plain": model}, probe_x, warmup=0, rounds=1)["plain"] / 1e3)
+    return {"pairs": pairs, "sample_s": statistics.median(sample_s), "forward_s": statistics.median(forward_s),
+            "floor_ratio": statistics.median(sample_s) / statistics.median(forward_s)}
+
+
+def vit_small_floor(images: int, pairs: int, device: str) -> dict[str, Any]:
+    """:func:`floor_pairs` of a Watch (default options) on timm's ``vit_small_patch16_224`` (random init) with
+    ``images`` random 224-px probe images."""
     import timm
 
     torch.manual_seed(0)
@@ -122,14 +140,9 @@ def vit_small_floor(images: int, samples: int, device: str) -> dict[str, float]:
     probe_y = torch.arange(images, device=device) % 10
     watch = Watch(model, probe_x, probe_y, every_n_steps=1, registry=CollectorRegistry(), run_name="vit-s")
     watch.sample(0)  # warm-up
-    sample_s = []
-    for step in range(1, samples + 1):
-        watch.sample(step)
-        sample_s.append(watch.history[-1].duration_s)
+    floor = floor_pairs(watch, model, probe_x, pairs, 1)
     watch.close(final_sample=False)
-    forward_s = measure_latency({"plain": model}, probe_x, warmup=1, rounds=samples)["plain"] / 1e3
-    return {"probe_images": images, "sample_s": statistics.median(sample_s), "forward_s": forward_s,
-            "floor_ratio": statistics.median(sample_s) / forward_s}
+    return {"probe_images": images, **floor}
 
 
 def main() -> None:
@@ -145,7 +158,9 @@ def main() -> None:
                         help="digits: the demo ViT on 28×28 digits; vit_base: ViT-B/16 at 224 px (GPU)")
     parser.add_argument("--vit-probe-images", type=int, default=256,
                         help="probe images for the ViT-S/16 floor ratio (0: skip it)")
-    parser.add_argument("--vit-samples", type=int, default=3, help="timed samples for the ViT-S/16 floor ratio")
+    parser.add_argument("--vit-samples", type=int, default=3, help="sample/forward pairs for the ViT-S/16 floor ratio")
+    parser.add_argument("--floor-pairs", type=int, default=10,
+                        help="sample/forward pairs for the demo model's floor ratio, after the rounds")
     parser.add_argument("--rss-samples", type=int, default=2000,
                         help="samples of the RSS run with a log_dir (0: skip it)")
     parser.add_argument("--rss-probe-images", type=int, default=64, help="probe images of the RSS run")
@@ -194,6 +209,7 @@ def main() -> None:
     samples = [s.duration_s for s in watch.history]
     charged = [s.overhead_s for s in watch.history if s.overhead_s is not None]
     ratios = [s.overhead_ratio for s in watch.history if s.overhead_ratio is not None]
+    floor_pair = floor_pairs(watch, watched_model, probe_on_device, args.floor_pairs, step)
     begin = time.perf_counter()
     watch.close()
     close_s = time.perf_counter() - begin
@@ -209,9 +225,12 @@ def main() -> None:
           f"{args.every} training steps take {1e3 * step_time * args.every:.0f} ms -> per-sample cost "
           f"{per_sample:.2f} % of training time; one plain forward of the probe batch "
           f"{1e3 * statistics.median(forward_times):.1f} ms = {floor:.2f} %")
-    floor_ratio = statistics.median(samples) / statistics.median(forward_times)
-    print(f"floor ratio ({args.model}): one sample / one plain forward of the probe batch = {floor_ratio:.2f}; "
-          f"with its exports {statistics.median(charged) / statistics.median(forward_times):.2f}")
+    floor_ratio = floor_pair["floor_ratio"]
+    print(f"floor ratio ({args.model}): one sample / one plain forward of the probe batch = {floor_ratio:.2f} "
+          f"({args.floor_pairs} interleaved pairs after the rounds: {1e3 * floor_pair['sample_s']:.0f} ms / "
+          f"{1e3 * floor_pair['forward_s']:.0f} ms); the rounds' samples against the forwards after each round "
+          f"{statistics.median(samples) / statistics.median(forward_times):.2f}, "
+          f"with their exports {statistics.median(charged) / statistics.median(forward_times):.2f}")
     vit_small = vit_small_floor(args.vit_probe_images, args.vit_samples, args.device) if args.vit_probe_images \
         else None
     if vit_small:
@@ -244,7 +263,8 @@ def main() -> None:
                           "per_sample_pct": per_sample, "per_sample_ratio": per_sample / 100,
                           "per_sample_ratio_with_exports": statistics.median(charged) / (step_time * args.every),
                           "probe_forward_s": forward_times, "floor_pct": floor,
-                          "log_dir": True, "floor_ratio": floor_ratio,
+                          "log_dir": True, "floor_ratio": floor_ratio, "floor_pairs": floor_pair,
+                          "rounds_floor_ratio": statistics.median(samples) / statistics.median(forward_times),
                           "floor_ratio_with_exports": statistics.median(charged) / statistics.median(forward_times),
                           "overhead_s": charged, "overhead_ratio_series": ratios,
                           "overhead_ratio_median": statistics.median(ratios) if ratios else None,

@@ -351,12 +351,18 @@ def watch_overhead(data: dict) -> list[str]:
              f"Command: `{command}`. Machine: {describe(data.get('machine'))}.", "", *data.get("markdown", []), ""]
     if "floor_ratio" in data:
         vit = data.get("vit_small") or {}
+        pairs = data.get("floor_pairs")
+        measured = (f"{pairs['pairs']} interleaved pairs after the rounds; the rounds' samples against the forwards "
+                    f"after each round {data['rounds_floor_ratio']:.2f}×, " if pairs else "")
         lines += [f"One sample against one plain eval forward of the probe batch (the floor): digits "
-                  f"**{data['floor_ratio']:.2f}×** ({data['floor_ratio_with_exports']:.2f}× with its exports; goal "
-                  "≤ 1.3×)" + (f"; ViT-S/16 at 224 px, {vit['probe_images']} probe images: "
-                              f"**{vit['floor_ratio']:.2f}×** (goal ≤ 1.1×)" if vit else "") + ". "
+                  f"**{data['floor_ratio']:.2f}×** ({measured}{data['floor_ratio_with_exports']:.2f}× with "
+                  "their exports; goal ≤ 1.3×)" + (f"; ViT-S/16 at 224 px, {vit['probe_images']} probe images: "
+                                                  f"**{vit['floor_ratio']:.2f}×** (goal ≤ 1.1×)" if vit else "") + ". "
                   f"Whole run, watched against plain: {100 * data['whole_run_ratio']:+.2f} %; the Watch's start "
-                  f"{data['watch_start_s']:.2f} s and close {data['watch_close_s']:.2f} s, outside the rounds."]
+                  f"{data['watch_start_s']:.2f} s and close {data['watch_close_s']:.2f} s, outside the rounds"
+                  + (f"; the watched arm's training steps right after a sample {steps['after_sample']:.2f}× and its "
+                     f"other steps (where the Watch runs no code) {steps['other_steps']:.2f}× the plain arm's"
+                     if (steps := data.get("step_ratio")) and steps.get("other_steps") else "") + "."]
     rss = data.get("rss")
     if rss:
         lines += ["", f"RSS over {rss['samples']:,} samples with a log_dir ({rss['probe_images']} probe images, "

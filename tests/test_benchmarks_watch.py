@@ -17,7 +17,8 @@ BENCH = Path(__file__).parent.parent / "benchmarks"
 def test_bench_watch_reports_floor_ratios_and_overhead_with_a_log_dir(tmp_path):
     out = tmp_path / "watch.json"
     proc = subprocess.run([sys.executable, str(BENCH / "bench_watch.py"), "--rounds", "2", "--steps", "4",
-                           "--every", "2", "--probe-images", "16", "--vit-probe-images", "4", "--vit-samples", "1",
+                           "--every", "2", "--probe-images", "16", "--vit-probe-images", "4", "--vit-samples", "2",
+                           "--floor-pairs", "2",
                            "--rss-samples", "24", "--rss-every", "10", "--rss-probe-images", "8", "--threads", "1",
                            "--device", "cpu", "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
@@ -32,7 +33,10 @@ def test_bench_watch_reports_floor_ratios_and_overhead_with_a_log_dir(tmp_path):
     rss = result["rss"]
     assert rss["samples"] == 24 and rss["from_sample"] == 20 and set(rss["rss_mb"]) == {"10", "20", "24"}
     assert rss["growth_mb"] == pytest.approx(rss["rss_mb"]["24"] - rss["rss_mb"]["20"])
-    assert result["floor_ratio"] > 0 and result["floor_ratio_with_exports"] >= result["floor_ratio"]
+    pairs = result["floor_pairs"]
+    assert pairs["pairs"] == 2 and result["floor_ratio"] == pytest.approx(pairs["sample_s"] / pairs["forward_s"])
+    assert 0 < result["rounds_floor_ratio"] <= result["floor_ratio_with_exports"]
     assert len(result["overhead_ratio_series"]) == 3 and result["overhead_ratio_median"] > 0  # all but the 1st
     vit = result["vit_small"]
-    assert vit["probe_images"] == 4 and vit["floor_ratio"] > 0
+    assert vit["probe_images"] == 4 and vit["pairs"] == 2
+    assert vit["floor_ratio"] == pytest.approx(vit["sample_s"] / vit["forward_s"])

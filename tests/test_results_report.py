@@ -72,7 +72,7 @@ def test_the_watch_section_gives_the_floor_ratios_whole_run_and_rss_of_its_json(
                  "from_sample": 1000}}))
     text = report.render(tmp_path)
     assert "Command: `python benchmarks/bench_watch.py --rounds 2 --threads 1 --device cpu`" in text
-    assert "digits **2.09×** (2.15× with its exports; goal ≤ 1.3×)" in text
+    assert "digits **2.09×** (2.15× with their exports; goal ≤ 1.3×)" in text
     assert "256 probe images: **1.23×** (goal ≤ 1.1×)" in text and "-2.02 %" in text
     assert "**+0.8 MB** from sample 1,000 to the last" in text
 
