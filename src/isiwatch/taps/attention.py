@@ -4,8 +4,9 @@ Families compute q and k differently (rotary embeddings applied inside EVA's for
 biases in BEiT and the relpos ViTs, grouped k/v heads, talking heads in CaiT), so the tap does not rebuild
 q/k from module outputs. Instead :class:`AttentionRecorder`, a ``TorchFunctionMode`` switched on only
 inside a block's attention modules, takes the arguments of ``F.scaled_dot_product_attention`` (q, k, v, mask,
-scale) or, on unfused paths, the input of the softmax over keys. A plain call (no mask, not causal, no dropout:
-every ViT's eval pass) is answered by the recorder itself: it forms the scores once, chunk by chunk, and the same
+scale) or, on unfused paths, the input of the softmax over keys. A plain call (no mask, not causal, no dropout,
+as many k/v heads as q heads: most families' eval pass; a relative position bias arrives as a mask) is answered
+by the recorder itself: it forms the scores once, chunk by chunk, and the same
 exponentials give both the output (equal to the fused kernel's to rounding) and the per-row entropy and [CLS]
 weight, so the probe pass pays for attention once, not twice. Other calls run the model's own kernel and keep an
 fp32 copy of q and k, from which the scores are rebuilt chunk by chunk. Either way the (B,H,Tq,Tk) scores are never
