@@ -146,6 +146,22 @@ def test_a_constant_feature_set_predicts_the_majority_class_and_leaves_the_other
     assert acc[0].item() == acc[2].item() > 0.9
 
 
+def test_a_non_finite_feature_set_reads_nan_and_leaves_the_others_alone():
+    """An inf or NaN anywhere in a layer's features makes that probe NaN; large finite features (whose float32 sum
+    would overflow) are still finite, and every other problem reads as if solved alone."""
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.arange(60) % 3
+    informative = torch.nn.functional.one_hot(labels, 3).float() * 3 + torch.randn(60, 3, generator=gen)
+    with_inf, with_nan = informative.clone(), informative.clone()
+    with_inf[7, 1], with_nan[59, 2] = torch.inf, torch.nan
+    large = informative * 1e36  # the float32 sum of its values overflows; the values do not
+    train, test = split_indices(60, 0.7, seed=0)
+    acc = probe_accuracy(torch.stack([with_inf, informative, with_nan, large]), labels, train, test)
+    alone = probe_accuracy(informative[None], labels, train, test)
+    assert acc[0].isnan() and acc[2].isnan()
+    assert acc[1] == alone[0] and acc[3].isfinite()
+
+
 def test_the_probe_split_is_a_function_of_the_images_not_their_order():
     from isiwatch.measure.probes import split_images
 
