@@ -196,9 +196,9 @@ def test_a_masked_attention_still_runs_the_models_kernel():
 
 
 def test_block_metrics_never_allocate_a_whole_batch_copy_of_the_activations():
-    """The metrics read a block's (B,T,D) tensors chunk by chunk of images and take dot products without forming the
-    elementwise product: no allocation comes near one whole activation (such copies made ViT-S-sized metrics 3×
-    slower), and the values equal the whole-batch computation."""
+    """The metrics read a block's (B,T,D) tensors chunk by chunk of images, so every temporary (centred tokens, the
+    elementwise products of the dot products) is chunk-sized: no allocation comes near one whole activation (such
+    copies made ViT-S-sized metrics 3× slower), and the values equal the whole-batch computation."""
     from torch.profiler import ProfilerActivity, profile
 
     from isiwatch.measure.metrics import TOKEN_CHUNK, block_metrics, cls_patch_cos, token_similarity
