@@ -3,6 +3,7 @@ report's heat-maps, the Grafana dashboard's metric list and the docs page's tabl
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,59 @@ def test_the_dashboard_lists_every_metric_of_the_table():
         "json.dumps(isiwatch.measure.metric_table.grafana_metric_variable(), indent=2)")
     heatmap = next(p for p in board["panels"] if p["type"] == "heatmap")
     assert heatmap["repeat"] == "metric"
+
+
+@pytest.mark.parametrize("panels", [1, 2, 5])
+def test_heatmap_panels_keep_every_label_inside_the_figure_and_off_their_neighbours(panels):
+    """The heat-maps are laid out with fixed margins (no tight_layout pass): titles, axis labels, six-digit step
+    ticks and the colour bars' ticks all lie inside the figure, and no panel's text reaches into another panel."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from isiwatch.measure.plots import heatmap_figure
+
+    steps = list(range(0, 200_000, 1_000))
+    grids = {f"metric_{i}": [[0.0125 * (s % 7) + i for _ in range(12)] for s in range(len(steps))]
+             for i in range(panels)}
+    fig = heatmap_figure(steps, grids)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    frame = fig.bbox
+    boxes = []  # (axes, bbox of one of its visible texts); the colour bars are axes of their own
+    for ax in fig.axes:
+        texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(), *ax.get_yticklabels()]
+        for text in texts:
+            if text.get_visible() and text.get_text():
+                box = text.get_window_extent(renderer)
+                assert frame.x0 - 1 <= box.x0 and box.x1 <= frame.x1 + 1, text.get_text()
+                assert frame.y0 - 1 <= box.y0 and box.y1 <= frame.y1 + 1, text.get_text()
+                boxes.append((ax, box))
+    images = [ax for ax in fig.axes if ax.images]
+    assert len(images) == panels
+    for ax, box in boxes:
+        for other in images:
+            assert other is ax or not box.overlaps(other.get_window_extent(renderer)), ax.get_title()
+
+
+def test_heatmap_panels_drawn_on_one_figure_equal_each_metric_drawn_alone():
+    """The exporter draws every metric's panel on one figure updated in place: each image equals the panel built
+    for that metric alone, colour scale, extent and title included (metrics of different ranges and depths)."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from isiwatch.measure.plots import heatmap_figure, heatmap_panels
+
+    steps = [100, 200, 300, 400]
+    grids = {"small": [[0.001 * (s + b) for b in range(6)] for s in range(4)],
+             "large": [[50.0 - 3 * s * b for b in range(6)] for s in range(4)],
+             "deeper": [[float(b) for b in range(7)] if s else [math.nan] * 7 for s in range(4)]}
+
+    def pixels(fig):
+        canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+        canvas.draw()
+        return np.asarray(canvas.buffer_rgba()).copy()
+
+    drawn = {metric: pixels(fig) for metric, fig in heatmap_panels(steps, grids)}
+    assert list(drawn) == list(grids)
+    for metric, rows in grids.items():
+        assert np.array_equal(drawn[metric], pixels(heatmap_figure(steps, {metric: rows}))), metric

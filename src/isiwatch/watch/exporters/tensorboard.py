@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...measure.plots import heatmap_figure
+from ...measure.plots import heatmap_panels
 from ..alerts import Alert
 from ..sample import Sample
 from .base import Exporter, SampleContext, present_series
@@ -199,7 +199,7 @@ class TensorBoardExporter(Exporter):
 
 def heatmap_images(history: Sequence[Sample], pause: float = 0.0,
                    hurry: threading.Event | None = None) -> dict[str, np.ndarray]:
-    """One RGB image (H, W, 3 uint8) per metric of the last sample: :func:`~isiwatch.measure.plots.heatmap_figure`
+    """One RGB image (H, W, 3 uint8) per metric of the last sample: :func:`~isiwatch.measure.plots.heatmap_panels`
     over the samples of the last sample's depth, drawn with Agg (no pyplot, so any thread may call it).
 
     Args:
@@ -214,10 +214,10 @@ def heatmap_images(history: Sequence[Sample], pause: float = 0.0,
     last = history[-1]
     shown = [s for s in history if s.depth == last.depth]
     images = {}
-    for metric in last.layers:
-        begin = time.perf_counter()
-        rows = [s.layers.get(metric, [math.nan] * last.depth) for s in shown]
-        canvas = FigureCanvasAgg(heatmap_figure([s.step for s in shown], {metric: rows}))
+    grids = {metric: [s.layers.get(metric, [math.nan] * last.depth) for s in shown] for metric in last.layers}
+    begin = time.perf_counter()
+    for metric, fig in heatmap_panels([s.step for s in shown], grids):
+        canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
         canvas.draw()  # type: ignore[no-untyped-call]
         images[metric] = np.asarray(canvas.buffer_rgba())[..., :3].copy()  # type: ignore[no-untyped-call]
         if pause:
@@ -226,4 +226,5 @@ def heatmap_images(history: Sequence[Sample], pause: float = 0.0,
                 time.sleep(seconds)
             else:
                 hurry.wait(seconds)
+        begin = time.perf_counter()
     return images
