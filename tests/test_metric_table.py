@@ -76,36 +76,64 @@ def test_the_dashboard_lists_every_metric_of_the_table():
     assert heatmap["repeat"] == "metric"
 
 
+def _assert_texts_inside_and_apart(fig):
+    """Every visible text of ``fig`` (titles, axis labels, tick labels, legend, figure title) lies inside the figure,
+    and none reaches into the data area of a panel other than its own."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    frame = fig.bbox
+    panels = [ax for ax in fig.axes if ax.images or ax.lines]
+    owned = [(None, t) for t in fig.texts] + [(None, t) for legend in fig.legends for t in legend.get_texts()]
+    for ax in fig.axes:
+        owned += [(ax, t) for t in (ax.title, ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(),
+                                    *ax.get_yticklabels())]
+    shown = [(ax, text.get_window_extent(renderer), text.get_text()) for ax, text in owned
+             if text.get_visible() and text.get_text()]
+    for i, (ax, box, label) in enumerate(shown):  # texts of different panels (or of the figure) never overlap
+        for other_ax, other_box, other_label in shown[i + 1:]:
+            assert other_ax is ax or not box.overlaps(other_box), (label, other_label)
+    for ax, text in owned:
+        if not (text.get_visible() and text.get_text()):
+            continue
+        box = text.get_window_extent(renderer)
+        inside = frame.x0 - 1 <= box.x0 and box.x1 <= frame.x1 + 1 and frame.y0 - 1 <= box.y0 <= box.y1 <= frame.y1 + 1
+        assert inside, text.get_text()
+        for other in panels:
+            clear = other is ax or not box.overlaps(other.get_window_extent(renderer))
+            assert clear, (text.get_text(), other.get_title())
+    return panels
+
+
 @pytest.mark.parametrize("panels", [1, 2, 5])
 def test_heatmap_panels_keep_every_label_inside_the_figure_and_off_their_neighbours(panels):
     """The heat-maps are laid out with fixed margins (no tight_layout pass): titles, axis labels, six-digit step
     ticks and the colour bars' ticks all lie inside the figure, and no panel's text reaches into another panel."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
     from isiwatch.measure.plots import heatmap_figure
 
     steps = list(range(0, 200_000, 1_000))
     grids = {f"metric_{i}": [[0.0125 * (s % 7) + i for _ in range(12)] for s in range(len(steps))]
              for i in range(panels)}
-    fig = heatmap_figure(steps, grids)
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    renderer = canvas.get_renderer()
-    frame = fig.bbox
-    boxes = []  # (axes, bbox of one of its visible texts); the colour bars are axes of their own
-    for ax in fig.axes:
-        texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(), *ax.get_yticklabels()]
-        for text in texts:
-            if text.get_visible() and text.get_text():
-                box = text.get_window_extent(renderer)
-                assert frame.x0 - 1 <= box.x0 and box.x1 <= frame.x1 + 1, text.get_text()
-                assert frame.y0 - 1 <= box.y0 and box.y1 <= frame.y1 + 1, text.get_text()
-                boxes.append((ax, box))
-    images = [ax for ax in fig.axes if ax.images]
-    assert len(images) == panels
-    for ax, box in boxes:
-        for other in images:
-            assert other is ax or not box.overlaps(other.get_window_extent(renderer)), ax.get_title()
+    assert len(_assert_texts_inside_and_apart(heatmap_figure(steps, grids))) == panels
+
+
+def test_the_curves_keep_every_label_inside_the_figure_and_off_their_neighbours(monkeypatch, tmp_path):
+    """The curves too: ten panels with small and signed values, the stem points' two-line tick labels, the phase
+    legend below and the figure title above, all inside the figure and apart."""
+    from isiwatch.measure import plots
+    from isiwatch.measure.phases import Phases
+
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
+    depth = 12
+    layers = {m: [(-1) ** b * 0.004 * b for b in range(depth)] for m in METRICS[:10]}
+    stem = {p: {m: 0.125 for m in layers} for p in ("pre_pe", "embed")}
+    analysis = Analysis(layers=layers, stem=stem, model_info={"depth": depth}, phase_metric=next(iter(layers)),
+                        phases=Phases(plateau=(3, 5), cliff=(0, 2), climb=(6, 11)))
+    plots.plot_curves(analysis, tmp_path / "curves.png")
+    assert len(_assert_texts_inside_and_apart(drawn[0])) == 10
 
 
 def test_heatmap_panels_drawn_on_one_figure_equal_each_metric_drawn_alone():

@@ -39,6 +39,26 @@ def _save(fig: Figure, path: str | Path) -> Path:
     return path
 
 
+def _panel_margins(fig: Figure, rows: int, cols: int, margin: dict[str, float], bottom_band: float = 0.0,
+                   top_band: float = 0.0) -> None:
+    """Place ``rows`` × ``cols`` panels so that each has ``margin`` (inches: left, right, bottom, top) around its axes,
+    below a ``top_band`` and above a ``bottom_band`` (inches) left to the figure's title and legend. Fixed margins
+    rather than ``tight_layout``, which measures every text of the figure first: 60 % of drawing a heat-map panel,
+    over a third of drawing the curves."""
+    width, height = fig.get_size_inches()
+    gap_w, gap_h = margin["left"] + margin["right"], margin["bottom"] + margin["top"]
+    axes_w, axes_h = width / cols - gap_w, (height - bottom_band - top_band) / rows - gap_h
+    fig.subplots_adjust(left=margin["left"] / width, right=1 - margin["right"] / width,
+                        bottom=(bottom_band + margin["bottom"]) / height, top=1 - (top_band + margin["top"]) / height,
+                        wspace=gap_w / axes_w, hspace=gap_h / axes_h)
+
+
+#: Margins of each curve panel (inches): y tick labels, the two-line stem tick labels and the x label, the title.
+CURVES_MARGIN_IN = {"left": 0.55, "right": 0.1, "bottom": 0.55, "top": 0.3}
+#: Bands below and above the curve panels (inches): the legend, the figure title.
+CURVES_BANDS_IN = (0.4, 0.3)
+
+
 def plot_curves(analysis: Analysis, path: str | Path, metrics: list[str] | None = None) -> Path:
     """One panel per metric over block index, the stem points at x = −2 (``pre_pe``: patch embeddings before the
     position embedding) and −1 (``embed``: the tokens entering block 0) labelled on the axis, the phases of the
@@ -51,7 +71,8 @@ def plot_curves(analysis: Analysis, path: str | Path, metrics: list[str] | None 
     metrics = metrics or list(analysis.layers)
     cols = 3
     rows = math.ceil(len(metrics) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows + 0.7), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows + sum(CURVES_BANDS_IN)), squeeze=False)
+    _panel_margins(fig, rows, cols, CURVES_MARGIN_IN, *CURVES_BANDS_IN)
     phases = analysis.phases
     spans = {name: span for name in ("cliff", "plateau", "climb") if phases and (span := getattr(phases, name))}
     for ax, metric in zip(axes.flat, metrics):
@@ -79,8 +100,7 @@ def plot_curves(analysis: Analysis, path: str | Path, metrics: list[str] | None 
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     title = f"phases of {analysis.phase_metric}: "
     title += (f"{phases.plateau_name} {phases.plateau[0]}–{phases.plateau[1]}" if phases else "no plateau")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.6 / (2.8 * rows + 0.7), 1, 1))
+    fig.suptitle(title, fontsize=10, y=1 - 0.05 / fig.get_size_inches()[1], va="top")
     return _save(fig, path)
 
 
@@ -101,21 +121,9 @@ def _phase_label(phases: Phases | None, name: str, span: tuple[int, int]) -> str
 
 #: Size of one heat-map panel (inches; 110 dpi): two side by side fill the report's 1,100 px column.
 HEATMAP_PANEL_IN = (5.0, 3.6)
-#: Margins of each panel (inches): the block axis on the left, the colour bar's tick labels on the right, the step
-#: axis below, the title above. Fixed rather than ``tight_layout``, which measured every text of the figure and
-#: took 60 % of drawing a panel (the TensorBoard exporter draws one per metric, in the background and at close).
+#: Margins of each heat-map panel (inches): the block axis on the left, the colour bar's tick labels on the right,
+#: the step axis below, the title above.
 HEATMAP_MARGIN_IN = {"left": 0.6, "right": 0.6, "bottom": 0.5, "top": 0.3}
-
-
-def _panel_margins(fig: Figure, rows: int, cols: int) -> None:
-    """Place ``rows`` × ``cols`` panels so that each has :data:`HEATMAP_MARGIN_IN` around its axes."""
-    width, height = fig.get_size_inches()
-    margin = HEATMAP_MARGIN_IN
-    gap_w, gap_h = margin["left"] + margin["right"], margin["bottom"] + margin["top"]
-    axes_w, axes_h = width / cols - gap_w, height / rows - gap_h
-    fig.subplots_adjust(left=margin["left"] / width, right=1 - margin["right"] / width,
-                        bottom=margin["bottom"] / height, top=1 - margin["top"] / height,
-                        wspace=gap_w / axes_w, hspace=gap_h / axes_h)
 
 
 def heatmap_figure(steps: Sequence[int], grids: dict[str, Sequence[Sequence[float]]]) -> Figure:
@@ -131,7 +139,7 @@ def heatmap_figure(steps: Sequence[int], grids: dict[str, Sequence[Sequence[floa
     n_rows = math.ceil(len(grids) / cols)
     fig = Figure(figsize=(HEATMAP_PANEL_IN[0] * cols, HEATMAP_PANEL_IN[1] * n_rows))
     axes = fig.subplots(n_rows, cols, squeeze=False)
-    _panel_margins(fig, n_rows, cols)
+    _panel_margins(fig, n_rows, cols, HEATMAP_MARGIN_IN)
     first, last = (steps[0], steps[-1]) if steps[0] != steps[-1] else (steps[0] - 0.5, steps[0] + 0.5)
     for ax, (metric, rows) in zip(axes.flat, grids.items()):
         grid = np.asarray(rows, dtype=float).T
