@@ -129,8 +129,8 @@ HEATMAP_MARGIN_IN = {"left": 0.6, "right": 0.6, "bottom": 0.5, "top": 0.3}
 def heatmap_figure(steps: Sequence[int], grids: dict[str, Sequence[Sequence[float]]]) -> Figure:
     """Depth × training-step heat-maps as a matplotlib figure, one panel per metric; ``grids[metric]`` is
     (samples, depth), two panels a row. Block 0 at the bottom, colour scaled to each metric's range, NaN left
-    blank. The run report saves it (:func:`plot_heatmaps`) and the TensorBoard exporter logs it
-    (``SummaryWriter.add_figure``)."""
+    blank. The run report saves it (:func:`plot_heatmaps`); the TensorBoard exporter logs each metric's panel as an
+    image (:func:`heatmap_panels`)."""
     import numpy as np
     from matplotlib.figure import Figure  # not pyplot: the training process's backend is left alone
     from matplotlib.ticker import MaxNLocator
