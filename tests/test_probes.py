@@ -154,7 +154,7 @@ def test_a_non_finite_feature_set_reads_nan_and_leaves_the_others_alone():
     informative = torch.nn.functional.one_hot(labels, 3).float() * 3 + torch.randn(60, 3, generator=gen)
     with_inf, with_nan = informative.clone(), informative.clone()
     with_inf[7, 1], with_nan[59, 2] = torch.inf, torch.nan
-    large = informative * 1e36  # the float32 sum of its values overflows; the values do not
+    large = informative + 5e36  # the float32 sum of all its values overflows; each value and column sum does not
     train, test = split_indices(60, 0.7, seed=0)
     acc = probe_accuracy(torch.stack([with_inf, informative, with_nan, large]), labels, train, test)
     alone = probe_accuracy(informative[None], labels, train, test)

@@ -174,7 +174,7 @@ def heatmap_panels(steps: Sequence[int], grids: Mapping[str, Sequence[Sequence[f
             left, right, _, _ = image.get_extent()
             image.set_extent((left, right, -0.5, grid.shape[0] - 0.5))
             image.norm.autoscale(np.ma.masked_invalid(grid))  # this metric's range, as a new panel's
-            ax.set_title(metric, fontsize=9)
+            ax.title.set_text(metric)  # in the first panel's style
         yield metric, fig
 
 
