@@ -551,6 +551,48 @@ def test_a_gateway_that_does_not_speak_http_is_reported_once_and_recovers(digits
     assert False in server.answers and server.answers[-1] is True
 
 
+# -- a heat-map render that fails on its background thread ---------------------------------------------------
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_heatmap_render_that_fails_in_the_background_is_reported_once_and_cleared(digits, unwatched, tmp_path,
+                                                                                   monkeypatch):
+    """The render thread's failure (an out-of-memory while drawing) never escapes as a thread traceback: it is
+    raised on the training thread at the next sample's write, where the Watch reports it once, and cleared by the
+    next render that works."""
+    from isiwatch.watch.exporters import tensorboard
+
+    real, calls = tensorboard.heatmap_panels, []
+
+    def fails_first(steps, grids):
+        calls.append(steps[-1])
+        if len(calls) == 1:
+            raise MemoryError("heat-map render out of memory (injected)")
+        yield from real(steps, grids)
+
+    monkeypatch.setattr(tensorboard, "heatmap_panels", fails_first)
+    monkeypatch.setattr(tensorboard, "RENDER_PAUSE", 0.0)
+
+    def render_done(step):  # each render ends before the next step: the steps its outcome is written at are fixed
+        for thread in threading.enumerate():
+            if thread.name == "isiwatch-heatmaps":
+                thread.join()
+
+    x, y, px, py = digits
+    model = tiny_vit()
+    records = []
+    log_dir = tmp_path / "run"
+    watch = Watch(model, px, py, every_n_steps=2, log_dir=log_dir, heatmap_every=1, alert_callback=records.append)
+    result = train(model, x, y, 12, watch, render_done)
+    watch.close()
+    assert_unperturbed(result, unwatched)
+    assert calls[:2] == [2, 4]  # the render of step 2 failed; the one of step 4 started all the same
+    episodes = log_dir_faults(records)
+    assert episodes == {"exporter TensorBoardExporter": [("monitor_error", 4), ("monitor_error_cleared", 6)]}
+    assert "heat-map render out of memory" in next(r.message for r in records if r.kind == "monitor_error")
+    events = EventAccumulator(str(log_dir), size_guidance={"images": 0})
+    events.Reload()
+    assert [e.step for e in events.Images("isiwatch/heatmap/isi")] == [4, 6, 8, 10, 12]
+
+
 # -- NaN activations on the probe pass only ------------------------------------------------------------------
 def test_nan_activations_on_the_probe_pass_raise_an_alert_and_leave_training_alone(digits, unwatched):
     x, y, px, py = digits

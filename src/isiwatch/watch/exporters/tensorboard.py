@@ -59,7 +59,9 @@ class TensorBoardExporter(Exporter):
         self._layout_written = False
         self._samples = 0
         self._render: threading.Thread | None = None
-        self._rendered: tuple[int, dict[str, np.ndarray]] | None = None  # step, RGB image per metric
+        #: step and RGB image per metric of the last render, or what it raised
+        self._rendered: tuple[int, dict[str, np.ndarray]] | Exception | None = None
+        self._failed_render: Exception | None = None  # raised on the training thread by _raise_failed_render
         self._render_cpu_s = 0.0  # the render thread's CPU seconds not yet reported by background_seconds()
         self._hurry = threading.Event()  # set: the render in flight stops pausing (someone waits for it)
         self._written_step: int | None = None  # the step of the last heat-maps written
@@ -106,6 +108,7 @@ class TensorBoardExporter(Exporter):
         except Exception:
             self._drop_writer()
             raise
+        self._raise_failed_render()  # after the sample is written: the writer is sound
 
     def _write_sample(self, sample: Sample, context: SampleContext) -> None:
         if not self._layout_written:
@@ -134,6 +137,8 @@ class TensorBoardExporter(Exporter):
                 pass
         try:
             self._rendered = (history[-1].step, heatmap_images(history, RENDER_PAUSE, self._hurry))
+        except Exception as error:  # not a thread traceback: the training thread raises it where the Watch reports it
+            self._rendered = error
         finally:
             self._render_cpu_s += time.thread_time() - start
 
@@ -147,8 +152,9 @@ class TensorBoardExporter(Exporter):
 
     def wait_for_heatmaps(self) -> None:
         """Wait for a heat-map render in flight, if any, and write it: for a reader of the event file mid-run
-        (the close does it itself)."""
+        (the close does it itself); raises what a background render raised since the last write."""
         self._write_rendered(wait=True)
+        self._raise_failed_render()
 
     def _write_rendered(self, wait: bool = False) -> None:
         """Write the heat-maps of a finished render, if any (``wait``: of the one running, once it finishes)."""
@@ -158,8 +164,16 @@ class TensorBoardExporter(Exporter):
         self._render.join()
         self._render = None
         rendered, self._rendered = self._rendered, None
-        if rendered is not None:
+        if isinstance(rendered, Exception):
+            self._failed_render = rendered
+        elif rendered is not None:
             self._add_images(*rendered)
+
+    def _raise_failed_render(self) -> None:
+        """Raise a background render's failure on the caller's thread, once."""
+        failure, self._failed_render = self._failed_render, None
+        if failure is not None:
+            raise failure
 
     def _add_images(self, step: int, images: dict[str, np.ndarray]) -> None:
         for metric, image in images.items():
