@@ -197,8 +197,9 @@ def test_a_masked_attention_still_runs_the_models_kernel():
 
 def test_block_metrics_never_allocate_a_whole_batch_copy_of_the_activations():
     """The metrics read a block's (B,T,D) tensors chunk by chunk of images, so every temporary (centred tokens, the
-    elementwise products of the dot products) is chunk-sized: no allocation comes near one whole activation (such
-    copies made ViT-S-sized metrics 3× slower), and the values equal the whole-batch computation."""
+    elementwise products of the dot products) is chunk-sized and squared norms write none: no allocation comes near
+    one whole activation (such copies made ViT-S-sized metrics 3× slower), and the values equal the whole-batch
+    computation."""
     from torch.profiler import ProfilerActivity, profile
 
     from isiwatch.measure.metrics import TOKEN_CHUNK, block_metrics, cls_patch_cos, token_similarity
@@ -215,6 +216,11 @@ def test_block_metrics_never_allocate_a_whole_batch_copy_of_the_activations():
         metrics = block_metrics(bt)
     largest = max(event.cpu_memory_usage for event in prof.events())
     assert 0 < largest <= x.nbytes // 4
+    # squared norms are reductions, not dot products with an elementwise temporary: what remains is x·branch, x·z,
+    # the three [CLS] dot products and the centred tokens, six activations' worth in all (eleven when the five
+    # squared norms wrote temporaries too, which made ViT-S-sized metrics up to twice as slow)
+    written = sum(event.cpu_memory_usage for event in prof.events() if event.cpu_memory_usage > 0)
+    assert written <= 7 * x.nbytes
     assert torch.allclose(metrics["token_similarity"], token_similarity(z, 1), atol=1e-6)
     assert torch.allclose(metrics["norm_friction"], cls_patch_cos(x, 1) - cls_patch_cos(x_normed, 1), atol=1e-6)
     y = x + branch
