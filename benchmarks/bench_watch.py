@@ -8,7 +8,8 @@ per-sample cost against the cost of 100 training steps, where the rest of the wh
 Watch's start and close, timed outside the rounds, and the training steps right after a sample against the others),
 and after each round one plain eval forward of the probe batch (no hooks, no metrics, no probes): the floor any
 probe pass costs. ``floor_ratio`` is one sample over that forward, measured in ``--floor-pairs`` interleaved pairs of
-one sample and one forward after the rounds (the machine's drift hits both alike), on the demo model and
+one sample and one forward after the rounds (the machine's drift hits both alike; on the demo model each round also
+takes a sample without the linear probes, ``floor_ratio_without_probes``), on the demo model and
 (``--vit-probe-images``, 0 to skip) on timm's ViT-S/16 at 224 px, random init. Last, ``--rss-samples`` samples
 (0 to skip) of a Watch on the demo model with a ``log_dir`` and default options (heat-maps every ``heatmap_every``
 samples): the process RSS every ``--rss-every`` samples, and its growth once the history is full.
@@ -113,20 +114,33 @@ def rss_over_samples(samples: int, probe_images: int, device: str, every: int = 
 
 
 def floor_pairs(watch: Watch, model: torch.nn.Module, probe_x: torch.Tensor, pairs: int,
-                first_step: int) -> dict[str, Any]:
+                first_step: int, without_probes: Watch | None = None) -> dict[str, Any]:
     """``pairs`` rounds of one Watch sample and one plain eval forward of the same probe batch (no hooks, no
-    metrics, no probes), interleaved so that the machine's drift hits both alike, their order alternating: the
-    medians and the floor ratio, one sample's measurement over one forward."""
-    sample_s, forward_s = [], []
+    metrics, no probes), interleaved so that the machine's drift hits both alike, their order rotating: the
+    medians and the floor ratio, one sample's measurement over one forward. With ``without_probes`` (a Watch whose
+    ``probe_every`` skips the probes after its first sample), each round also takes one of its samples: the floor
+    ratio of a sample without the linear probes."""
+    arms = ["sample", "forward"] + (["without_probes"] if without_probes is not None else [])
+    times: dict[str, list[float]] = {arm: [] for arm in arms}
     for i in range(pairs):
-        for arm in ("sample", "forward") if i % 2 == 0 else ("forward", "sample"):
-            if arm == "sample":
-                watch.sample(first_step + i)
-                sample_s.append(watch.history[-1].duration_s)
+        for arm in arms[i % len(arms):] + arms[:i % len(arms)]:
+            if arm == "forward":
+                times[arm].append(measure_latency({"plain": model}, probe_x, warmup=0, rounds=1)["plain"] / 1e3)
             else:
-                forward_s.append(measure_latency({"plain": model}, probe_x, warmup=0, rounds=1)["plain"] / 1e3)
-    return {"pairs": pairs, "sample_s": statistics.median(sample_s), "forward_s": statistics.median(forward_s),
-            "floor_ratio": statistics.median(sample_s) / statistics.median(forward_s)}
+                sampler = watch if arm == "sample" else without_probes
+                assert sampler is not None  # the arm exists only with a Watch
+                sampler.sample(first_step + i)
+                layers = sampler.history[-1].layers
+                if (arm == "sample") != any(metric.startswith("probe_") for metric in layers):
+                    raise RuntimeError(f"the {arm} arm's sample has the metrics {sorted(layers)}")
+                times[arm].append(sampler.history[-1].duration_s)
+    forward_s = statistics.median(times["forward"])
+    out = {"pairs": pairs, "sample_s": statistics.median(times["sample"]), "forward_s": forward_s,
+           "floor_ratio": statistics.median(times["sample"]) / forward_s}
+    if without_probes is not None:
+        out |= {"sample_without_probes_s": statistics.median(times["without_probes"]),
+                "floor_ratio_without_probes": statistics.median(times["without_probes"]) / forward_s}
+    return out
 
 
 def vit_small_floor(images: int, pairs: int, device: str) -> dict[str, Any]:
@@ -209,7 +223,11 @@ def main() -> None:
     samples = [s.duration_s for s in watch.history]
     charged = [s.overhead_s for s in watch.history if s.overhead_s is not None]
     ratios = [s.overhead_ratio for s in watch.history if s.overhead_ratio is not None]
-    floor_pair = floor_pairs(watch, watched_model, probe_on_device, args.floor_pairs, step)
+    without_probes = Watch(watched_model, probe_on_device, probe_y.to(args.device), every_n_steps=args.every,
+                           registry=CollectorRegistry(), run_name="without-probes", probe_every=10**9)
+    without_probes.sample(step - 1)  # its first sample runs the probes; every later one skips them
+    floor_pair = floor_pairs(watch, watched_model, probe_on_device, args.floor_pairs, step, without_probes)
+    without_probes.close(final_sample=False)
     begin = time.perf_counter()
     watch.close()
     close_s = time.perf_counter() - begin
@@ -228,7 +246,8 @@ def main() -> None:
     floor_ratio = floor_pair["floor_ratio"]
     print(f"floor ratio ({args.model}): one sample / one plain forward of the probe batch = {floor_ratio:.2f} "
           f"({args.floor_pairs} interleaved pairs after the rounds: {1e3 * floor_pair['sample_s']:.0f} ms / "
-          f"{1e3 * floor_pair['forward_s']:.0f} ms); the rounds' samples against the forwards after each round "
+          f"{1e3 * floor_pair['forward_s']:.0f} ms; without the linear probes "
+          f"{floor_pair['floor_ratio_without_probes']:.2f}); the rounds' samples against the forwards after each round "
           f"{statistics.median(samples) / statistics.median(forward_times):.2f}, "
           f"with their exports {statistics.median(charged) / statistics.median(forward_times):.2f}")
     vit_small = vit_small_floor(args.vit_probe_images, args.vit_samples, args.device) if args.vit_probe_images \

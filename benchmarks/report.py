@@ -354,6 +354,8 @@ def watch_overhead(data: dict) -> list[str]:
         pairs = data.get("floor_pairs")
         measured = (f"{pairs['pairs']} interleaved pairs after the rounds; the rounds' samples against the forwards "
                     f"after each round {data['rounds_floor_ratio']:.2f}×, " if pairs else "")
+        if pairs and "floor_ratio_without_probes" in pairs:
+            measured += f"a sample without the linear probes {pairs['floor_ratio_without_probes']:.2f}×, "
         lines += [f"One sample against one plain eval forward of the probe batch (the floor): digits "
                   f"**{data['floor_ratio']:.2f}×** ({measured}{data['floor_ratio_with_exports']:.2f}× with "
                   "their exports; goal ≤ 1.3×)" + (f"; ViT-S/16 at 224 px, {vit['probe_images']} probe images: "

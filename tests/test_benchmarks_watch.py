@@ -35,6 +35,8 @@ def test_bench_watch_reports_floor_ratios_and_overhead_with_a_log_dir(tmp_path):
     assert rss["growth_mb"] == pytest.approx(rss["rss_mb"]["24"] - rss["rss_mb"]["20"])
     pairs = result["floor_pairs"]
     assert pairs["pairs"] == 2 and result["floor_ratio"] == pytest.approx(pairs["sample_s"] / pairs["forward_s"])
+    # the third arm's samples skip the linear probes (the script raises if one ran them, or if a sample did not)
+    assert pairs["floor_ratio_without_probes"] == pytest.approx(pairs["sample_without_probes_s"] / pairs["forward_s"])
     assert 0 < result["rounds_floor_ratio"] <= result["floor_ratio_with_exports"]
     assert len(result["overhead_ratio_series"]) == 3 and result["overhead_ratio_median"] > 0  # all but the 1st
     vit = result["vit_small"]

@@ -41,7 +41,8 @@ def _dot(a: Tensor, b: Tensor) -> Tensor:
 def _squared_norm(t: Tensor) -> Tensor:
     """‖t‖² along the last dimension: one reduction that writes no elementwise temporary (``_dot(t, t)`` writes
     one), a third faster on a chunk."""
-    return torch.linalg.vector_norm(t, dim=-1).square()
+    squared: Tensor = torch.linalg.vector_norm(t, dim=-1).square()
+    return squared
 
 
 def _norm(squared: Tensor) -> Tensor:
