@@ -120,15 +120,15 @@ def floor_pairs(watch: Watch, model: torch.nn.Module, probe_x: torch.Tensor, pai
     medians and the floor ratio, one sample's measurement over one forward. With ``without_probes`` (a Watch whose
     ``probe_every`` skips the probes after its first sample), each round also takes one of its samples: the floor
     ratio of a sample without the linear probes."""
-    arms = ["sample", "forward"] + (["without_probes"] if without_probes is not None else [])
+    samplers = {"sample": watch} | ({"without_probes": without_probes} if without_probes is not None else {})
+    arms = ["forward", *samplers]
     times: dict[str, list[float]] = {arm: [] for arm in arms}
     for i in range(pairs):
         for arm in arms[i % len(arms):] + arms[:i % len(arms)]:
             if arm == "forward":
                 times[arm].append(measure_latency({"plain": model}, probe_x, warmup=0, rounds=1)["plain"] / 1e3)
             else:
-                sampler = watch if arm == "sample" else without_probes
-                assert sampler is not None  # the arm exists only with a Watch
+                sampler = samplers[arm]
                 sampler.sample(first_step + i)
                 layers = sampler.history[-1].layers
                 if (arm == "sample") != any(metric.startswith("probe_") for metric in layers):

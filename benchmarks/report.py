@@ -354,12 +354,13 @@ def watch_overhead(data: dict) -> list[str]:
         pairs = data.get("floor_pairs")
         measured = (f"{pairs['pairs']} interleaved pairs after the rounds; the rounds' samples against the forwards "
                     f"after each round {data['rounds_floor_ratio']:.2f}×, " if pairs else "")
+        without_probes = (f"; a sample without the linear probes {pairs['floor_ratio_without_probes']:.2f}×"
+                          if pairs and "floor_ratio_without_probes" in pairs else "")
         lines += [f"One sample against one plain eval forward of the probe batch (the floor): digits "
                   f"**{data['floor_ratio']:.2f}×** ({measured}{data['floor_ratio_with_exports']:.2f}× with "
-                  "their exports" + (f"; a sample without the linear probes {pairs['floor_ratio_without_probes']:.2f}×"
-                                     if pairs and "floor_ratio_without_probes" in pairs else "")
-                  + "; goal ≤ 1.3×)" + (f"; ViT-S/16 at 224 px, {vit['probe_images']} probe images: "
-                                                  f"**{vit['floor_ratio']:.2f}×** (goal ≤ 1.1×)" if vit else "") + ". "
+                  f"their exports{without_probes}; goal ≤ 1.3×)"
+                  + (f"; ViT-S/16 at 224 px, {vit['probe_images']} probe images: **{vit['floor_ratio']:.2f}×** "
+                     "(goal ≤ 1.1×)" if vit else "") + ". "
                   f"Whole run, watched against plain: {100 * data['whole_run_ratio']:+.2f} %; the Watch's start "
                   f"{data['watch_start_s']:.2f} s and close {data['watch_close_s']:.2f} s, outside the rounds"
                   + (f"; the watched arm's training steps right after a sample {steps['after_sample']:.2f}× and its "
