@@ -558,17 +558,18 @@ def test_a_heatmap_render_that_fails_in_the_background_is_reported_once_and_clea
     """The render thread's failure (an out-of-memory while drawing) never escapes as a thread traceback: it is
     raised on the training thread at the next sample's write, where the Watch reports it once, and cleared by the
     next render that works."""
+    from isiwatch.measure.plots import HeatmapPanel
     from isiwatch.watch.exporters import tensorboard
 
-    real, calls = tensorboard.heatmap_panels, []
+    real, calls = HeatmapPanel.draw, []
 
-    def fails_first(steps, grids):
+    def fails_first(panel, steps, grids):
         calls.append(steps[-1])
         if len(calls) == 1:
             raise MemoryError("heat-map render out of memory (injected)")
-        yield from real(steps, grids)
+        yield from real(panel, steps, grids)
 
-    monkeypatch.setattr(tensorboard, "heatmap_panels", fails_first)
+    monkeypatch.setattr(HeatmapPanel, "draw", fails_first)
     monkeypatch.setattr(tensorboard, "RENDER_PAUSE", 0.0)
 
     def render_done(step):  # each render ends before the next step: the steps its outcome is written at are fixed

@@ -108,7 +108,7 @@ def _assert_texts_inside_and_apart(fig):
 
 
 @pytest.mark.parametrize("panels", [1, 2, 5])
-def test_heatmap_panels_keep_every_label_inside_the_figure_and_off_their_neighbours(panels):
+def test_heatmap_figures_keep_every_label_inside_the_figure_and_off_their_neighbours(panels):
     """The heat-maps are laid out with fixed margins (no tight_layout pass): titles, axis labels, six-digit step
     ticks and the colour bars' ticks all lie inside the figure, and no panel's text reaches into another panel."""
     from isiwatch.measure.plots import heatmap_figure
@@ -137,24 +137,26 @@ def test_the_curves_keep_every_label_inside_the_figure_and_off_their_neighbours(
 
 
 def test_heatmap_panels_drawn_on_one_figure_equal_each_metric_drawn_alone():
-    """The exporter draws every metric's panel on one figure updated in place: each image equals the panel built
-    for that metric alone, colour scale, extent and title included (metrics of different ranges and depths)."""
+    """The exporter draws every metric's panel of every render on one figure updated in place: each image equals
+    the panel built for that metric alone, colour scale, extent and title included (metrics of different ranges and
+    depths; a second render over more steps on the figure the first one left)."""
     import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from isiwatch.measure.plots import heatmap_figure, heatmap_panels
-
-    steps = [100, 200, 300, 400]
-    grids = {"small": [[0.001 * (s + b) for b in range(6)] for s in range(4)],
-             "large": [[50.0 - 3 * s * b for b in range(6)] for s in range(4)],
-             "deeper": [[float(b) for b in range(7)] if s else [math.nan] * 7 for s in range(4)]}
+    from isiwatch.measure.plots import HeatmapPanel, heatmap_figure
 
     def pixels(fig):
         canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
         canvas.draw()
         return np.asarray(canvas.buffer_rgba()).copy()
 
-    drawn = {metric: pixels(fig) for metric, fig in heatmap_panels(steps, grids)}
-    assert list(drawn) == list(grids)
-    for metric, rows in grids.items():
-        assert np.array_equal(drawn[metric], pixels(heatmap_figure(steps, {metric: rows}))), metric
+    panel = HeatmapPanel()
+    for samples in (4, 9):
+        steps = [100 * (s + 1) for s in range(samples)]
+        grids = {"small": [[0.001 * (s + b) for b in range(6)] for s in range(samples)],
+                 "large": [[50.0 - 3 * s * b for b in range(6)] for s in range(samples)],
+                 "deeper": [[float(b) for b in range(7)] if s else [math.nan] * 7 for s in range(samples)]}
+        drawn = {metric: pixels(fig) for metric, fig in panel.draw(steps, grids)}
+        assert list(drawn) == list(grids)
+        for metric, rows in grids.items():
+            assert np.array_equal(drawn[metric], pixels(heatmap_figure(steps, {metric: rows}))), (samples, metric)

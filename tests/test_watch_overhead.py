@@ -1,6 +1,7 @@
 """What the Watch costs the training: nothing between samples but a counter check, and heat-map renders that run
 at the lowest priority off the training thread and are charged to the overhead series."""
 
+import gc
 import math
 import os
 import sys
@@ -11,9 +12,11 @@ import pytest
 import timm
 import torch
 from prometheus_client import CollectorRegistry
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from isiwatch import Watch
 from isiwatch.watch.exporters import TensorBoardExporter, tensorboard
+from isiwatch.watch.sample import Sample
 
 
 def tiny_vit():
@@ -54,15 +57,41 @@ def test_a_step_between_samples_runs_no_python_code_but_step_itself(probe, tmp_p
     assert len(watch.history) == 1
 
 
+def test_heatmap_renders_leave_no_reference_cycles_for_the_garbage_collector(tmp_path):
+    """A render built a new figure whose ~5,000 objects (its Agg pixel buffer among them) sat in reference cycles
+    until Python's full collection, so a run with a log_dir grew by megabytes per hundred samples: every render
+    after the first now redraws the exporter's one figure and leaves nothing for the collector."""
+    board = TensorBoardExporter(tmp_path, heatmap_every=1)
+    metrics = ("isi", "probe_cls", "cka")
+
+    def history(samples):
+        return [Sample(10 * s, 0.0, {m: [0.1 * s * b for b in range(6)] for m in metrics}, None, 0.0)
+                for s in range(samples)]
+
+    board.write_heatmaps(history(5))  # the first render builds the figure
+    gc.collect()
+    gc.disable()
+    try:
+        board.write_heatmaps(history(40))
+        left = gc.collect()
+    finally:
+        gc.enable()
+        board._drop_writer()
+    assert left < 100, left
+    events = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    events.Reload()
+    assert [e.step for e in events.Images("isiwatch/heatmap/cka")] == [40, 390]
+
+
 def test_heatmaps_render_at_the_lowest_priority_and_their_cpu_time_is_charged(probe, tmp_path, monkeypatch):
     renders = []
     real = tensorboard.heatmap_images
 
-    def spy(history, pause=0.0, hurry=None):
+    def spy(history, pause=0.0, hurry=None, panel=None):
         cpu = time.thread_time()
         seen = {"nice": os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), "pause": pause,
                 "thread": threading.current_thread() is not threading.main_thread()}
-        images = real(history, pause, hurry)
+        images = real(history, pause, hurry, panel)
         renders.append({**seen, "cpu_s": time.thread_time() - cpu})
         return images
 

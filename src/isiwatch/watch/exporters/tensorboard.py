@@ -4,7 +4,8 @@ Tags: ``isiwatch/<metric>/layer_<ll>``, ``isiwatch/plateau/{start,end,length}``,
 ``isiwatch/recommended_depth`` (blocks :func:`isiwatch.measure.depth.recommend_depth` keeps),
 ``isiwatch/overhead/{sample_seconds,ratio}`` (the Watch's own cost), heat-map images ``isiwatch/heatmap/<metric>``
 (:func:`isiwatch.measure.plots.heatmap_figure`: blocks × training step over the kept history, colour scaled to the
-metric's range over the shown samples) and alert text under ``isiwatch/alerts``.
+metric's range over the shown samples; every render redraws the exporter's one
+:class:`~isiwatch.measure.plots.HeatmapPanel`) and alert text under ``isiwatch/alerts``.
 
 Heat-maps are rendered on a background thread (a render of a long history takes longer than a probe pass), and
 written by the next sample; the close renders the final history once more (training is over by then). The render
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...measure.plots import heatmap_panels
+from ...measure.plots import HeatmapPanel
 from ..alerts import Alert
 from ..sample import Sample
 from .base import Exporter, SampleContext, present_series
@@ -65,6 +66,7 @@ class TensorBoardExporter(Exporter):
         self._render_cpu_s = 0.0  # the render thread's CPU seconds not yet reported by background_seconds()
         self._hurry = threading.Event()  # set: the render in flight stops pausing (someone waits for it)
         self._written_step: int | None = None  # the step of the last heat-maps written
+        self._panel = HeatmapPanel()  # drawn by one render at a time: the render thread's, then the close's
         self.writer  # noqa: B018  (open the event file now: a log_dir that cannot hold one fails at construction)
 
     @property
@@ -136,7 +138,7 @@ class TensorBoardExporter(Exporter):
             except OSError:  # not permitted: render at the normal priority
                 pass
         try:
-            self._rendered = (history[-1].step, heatmap_images(history, RENDER_PAUSE, self._hurry))
+            self._rendered = (history[-1].step, heatmap_images(history, RENDER_PAUSE, self._hurry, self._panel))
         except Exception as error:  # not a thread traceback: the training thread raises it where the Watch reports it
             self._rendered = error
         finally:
@@ -189,7 +191,7 @@ class TensorBoardExporter(Exporter):
         """
         self.wait_for_heatmaps()
         if history and history[-1].step != self._written_step:
-            self._add_images(history[-1].step, heatmap_images(history))
+            self._add_images(history[-1].step, heatmap_images(history, panel=self._panel))
 
     def write_alert(self, alert: Alert) -> None:
         try:
@@ -211,9 +213,9 @@ class TensorBoardExporter(Exporter):
                 self._drop_writer()
 
 
-def heatmap_images(history: Sequence[Sample], pause: float = 0.0,
-                   hurry: threading.Event | None = None) -> dict[str, np.ndarray]:
-    """One RGB image (H, W, 3 uint8) per metric of the last sample: :func:`~isiwatch.measure.plots.heatmap_panels`
+def heatmap_images(history: Sequence[Sample], pause: float = 0.0, hurry: threading.Event | None = None,
+                   panel: HeatmapPanel | None = None) -> dict[str, np.ndarray]:
+    """One RGB image (H, W, 3 uint8) per metric of the last sample: a :class:`~isiwatch.measure.plots.HeatmapPanel`
     over the samples of the last sample's depth, drawn with Agg (no pyplot, so any thread may call it).
 
     Args:
@@ -222,6 +224,7 @@ def heatmap_images(history: Sequence[Sample], pause: float = 0.0,
         pause: Seconds to sleep after each image per second spent drawing it (0: none), so that a background
             render leaves the interpreter lock to the training thread most of the time.
         hurry: Once set, no more pauses (someone is waiting for the images).
+        panel: The panel to redraw (one caller at a time); None: a new one.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -230,7 +233,7 @@ def heatmap_images(history: Sequence[Sample], pause: float = 0.0,
     images = {}
     grids = {metric: [s.layers.get(metric, [math.nan] * last.depth) for s in shown] for metric in last.layers}
     begin = time.perf_counter()
-    for metric, fig in heatmap_panels([s.step for s in shown], grids):
+    for metric, fig in (panel or HeatmapPanel()).draw([s.step for s in shown], grids):
         canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
         canvas.draw()  # type: ignore[no-untyped-call]
         images[metric] = np.asarray(canvas.buffer_rgba())[..., :3].copy()  # type: ignore[no-untyped-call]
