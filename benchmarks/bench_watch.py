@@ -12,7 +12,8 @@ one sample and one forward after the rounds (the machine's drift hits both alike
 takes a sample without the linear probes, ``floor_ratio_without_probes``), on the demo model and
 (``--vit-probe-images``, 0 to skip) on timm's ViT-S/16 at 224 px, random init. Last, ``--rss-samples`` samples
 (0 to skip) of a Watch on the demo model with a ``log_dir`` and default options (heat-maps every ``heatmap_every``
-samples): the process RSS every ``--rss-every`` samples, and its growth once the history is full.
+samples), in a fresh process: its RSS and C-heap bytes in use every ``--rss-every`` samples, and their growth once
+the history is full.
 
     python benchmarks/bench_watch.py [--rounds 4] [--steps 200] [--threads N] [--device cpu|cuda]
 """
@@ -20,6 +21,8 @@ samples): the process RSS every ``--rss-every`` samples, and its growth once the
 from __future__ import annotations
 
 import argparse
+import ctypes
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -87,11 +90,37 @@ def rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def rss_over_samples(samples: int, probe_images: int, device: str, every: int = 100) -> dict[str, Any]:
-    """RSS of this process every ``every`` samples over ``samples`` samples of a Watch (default options, a
-    ``log_dir``, every step a sample) on the demo model, and its growth in MB from the checkpoint at which the
-    history was full (the first, if the run is shorter than the history) to the last, heat-map renders written
-    first."""
+def malloc_in_use_bytes() -> int | None:
+    """Bytes the C heap has handed out and not taken back (glibc's ``mallinfo2``; None elsewhere): unlike the RSS,
+    blind to freed memory that malloc keeps, so growth here is memory still held."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        info = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                     "keepcost")]
+
+    info.restype = MallInfo2
+    held = info()
+    return held.uordblks + held.hblkhd
+
+
+def rss_over_samples(samples: int, probe_images: int, device: str, threads: int, every: int = 100) -> dict[str, Any]:
+    """:func:`_rss_over_samples` in a fresh process: the memory the benchmark's earlier parts freed (ViT-S/16's
+    activations) would otherwise come and go in this process's RSS readings."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_rss_over_samples, (samples, probe_images, device, threads, every))
+
+
+def _rss_over_samples(samples: int, probe_images: int, device: str, threads: int, every: int) -> dict[str, Any]:
+    """RSS and C-heap bytes in use (MB) every ``every`` samples over ``samples`` samples of a Watch (default options,
+    a ``log_dir``, every step a sample) on the demo model, and their growth from the checkpoint at which the history
+    was full (the first, if the run is shorter than the history) to the last, heat-map renders written first."""
+    set_torch_threads(threads)
     images, labels = embedded_digits()
     model = make_digits_vit(0)[0].to(device)
     with tempfile.TemporaryDirectory(prefix="bench_watch_rss_") as log_dir:
@@ -101,16 +130,21 @@ def rss_over_samples(samples: int, probe_images: int, device: str, every: int = 
         filled = min(watch.options.history_size, samples)
         start = max(every, filled - filled % every)
         rss_mb: dict[int, float] = {}
+        in_use_mb: dict[int, float] = {}
         for step in range(1, samples + 1):
             watch.step(step)
             if step % every == 0 or step == samples:
                 tensorboard.wait_for_heatmaps()
                 rss_mb[step] = rss_bytes() / 2**20
+                in_use = malloc_in_use_bytes()
+                if in_use is not None:
+                    in_use_mb[step] = in_use / 2**20
         watch.close()
     start = min(start, samples)
     return {"samples": samples, "probe_images": probe_images, "history_size": watch.options.history_size,
             "heatmap_every": watch.options.heatmap_every, "rss_mb": rss_mb, "from_sample": start,
-            "growth_mb": rss_mb[samples] - rss_mb[start]}
+            "growth_mb": rss_mb[samples] - rss_mb[start], "malloc_in_use_mb": in_use_mb or None,
+            "in_use_growth_mb": in_use_mb[samples] - in_use_mb[start] if in_use_mb else None}
 
 
 def floor_pairs(watch: Watch, model: torch.nn.Module, probe_x: torch.Tensor, pairs: int,
@@ -256,11 +290,12 @@ def main() -> None:
         print(f"floor ratio (ViT-S/16, 224 px, {args.vit_probe_images} probe images): "
               f"{vit_small['floor_ratio']:.2f} ({1e3 * vit_small['sample_s']:.0f} ms / "
               f"{1e3 * vit_small['forward_s']:.0f} ms)")
-    rss = rss_over_samples(args.rss_samples, args.rss_probe_images, args.device, args.rss_every) \
+    rss = rss_over_samples(args.rss_samples, args.rss_probe_images, args.device, threads, args.rss_every) \
         if args.rss_samples else None
     if rss:
+        in_use = f", C heap in use {rss['in_use_growth_mb']:+.1f} MB" if rss["in_use_growth_mb"] is not None else ""
         print(f"RSS over {rss['samples']} samples with a log_dir: {rss['growth_mb']:+.1f} MB from sample "
-              f"{rss['from_sample']} to the last")
+              f"{rss['from_sample']} to the last{in_use}")
     whole_run_ratio = watched / plain - 1
     print(f"whole run: {100 * whole_run_ratio:+.2f} %; Watch start {start_s:.2f} s and close {close_s:.2f} s (outside "
           f"the rounds); steps after a sample {slowdown['after_sample']}, other steps {slowdown['other_steps']} "

@@ -33,6 +33,10 @@ def test_bench_watch_reports_floor_ratios_and_overhead_with_a_log_dir(tmp_path):
     rss = result["rss"]
     assert rss["samples"] == 24 and rss["from_sample"] == 20 and set(rss["rss_mb"]) == {"10", "20", "24"}
     assert rss["growth_mb"] == pytest.approx(rss["rss_mb"]["24"] - rss["rss_mb"]["20"])
+    if sys.platform == "linux":  # glibc's heap in use, read in the fresh process the RSS run takes
+        assert set(rss["malloc_in_use_mb"]) == {"10", "20", "24"} and 0 < rss["malloc_in_use_mb"]["24"]
+        assert rss["malloc_in_use_mb"]["24"] < rss["rss_mb"]["24"]
+        assert rss["in_use_growth_mb"] == pytest.approx(rss["malloc_in_use_mb"]["24"] - rss["malloc_in_use_mb"]["20"])
     pairs = result["floor_pairs"]
     assert pairs["pairs"] == 2 and result["floor_ratio"] == pytest.approx(pairs["sample_s"] / pairs["forward_s"])
     # the third arm's samples skip the linear probes (the script raises if one ran them, or if a sample did not)
