@@ -90,20 +90,21 @@ def rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+class MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2``."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
 def malloc_in_use_bytes() -> int | None:
     """Bytes the C heap has handed out and not taken back (glibc's ``mallinfo2``; None elsewhere): unlike the RSS,
     blind to freed memory that malloc keeps, so growth here is memory still held."""
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        info = libc.mallinfo2
+        info = ctypes.CDLL("libc.so.6").mallinfo2
     except (OSError, AttributeError):
         return None
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in
-                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                     "keepcost")]
-
     info.restype = MallInfo2
     held = info()
     return held.uordblks + held.hblkhd

@@ -368,13 +368,11 @@ def watch_overhead(data: dict) -> list[str]:
                      if (steps := data.get("step_ratio")) and steps.get("other_steps") else "") + "."]
     rss = data.get("rss")
     if rss:
-        # runs before the C heap's reading shared the benchmark's process
-        in_use = "" if "in_use_growth_mb" not in rss else (
-            f" (C heap in use: {rss['in_use_growth_mb']:+.1f} MB), in a fresh process"
-            if rss["in_use_growth_mb"] is not None else ", in a fresh process")
+        in_use = f" (C heap in use: {rss['in_use_growth_mb']:+.1f} MB)" if rss["in_use_growth_mb"] is not None else ""
         lines += ["", f"RSS over {rss['samples']:,} samples with a log_dir ({rss['probe_images']} probe images, "
                   f"heat-maps every {rss['heatmap_every']} samples, history {rss['history_size']:,}): "
-                  f"**{rss['growth_mb']:+.1f} MB** from sample {rss['from_sample']:,} to the last{in_use}."]
+                  f"**{rss['growth_mb']:+.1f} MB** from sample {rss['from_sample']:,} to the last{in_use}, in a "
+                  "fresh process."]
     return lines + [""]
 
 

@@ -87,11 +87,11 @@ def test_heatmaps_render_at_the_lowest_priority_and_their_cpu_time_is_charged(pr
     renders = []
     real = tensorboard.heatmap_images
 
-    def spy(history, pause=0.0, hurry=None, panel=None):
+    def spy(history, panel, pause=0.0, hurry=None):
         cpu = time.thread_time()
         seen = {"nice": os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), "pause": pause,
                 "thread": threading.current_thread() is not threading.main_thread()}
-        images = real(history, pause, hurry, panel)
+        images = real(history, panel, pause, hurry)
         renders.append({**seen, "cpu_s": time.thread_time() - cpu})
         return images
 

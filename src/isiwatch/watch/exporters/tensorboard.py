@@ -138,7 +138,7 @@ class TensorBoardExporter(Exporter):
             except OSError:  # not permitted: render at the normal priority
                 pass
         try:
-            self._rendered = (history[-1].step, heatmap_images(history, RENDER_PAUSE, self._hurry, self._panel))
+            self._rendered = (history[-1].step, heatmap_images(history, self._panel, RENDER_PAUSE, self._hurry))
         except Exception as error:  # not a thread traceback: the training thread raises it where the Watch reports it
             self._rendered = error
         finally:
@@ -191,7 +191,7 @@ class TensorBoardExporter(Exporter):
         """
         self.wait_for_heatmaps()
         if history and history[-1].step != self._written_step:
-            self._add_images(history[-1].step, heatmap_images(history, panel=self._panel))
+            self._add_images(history[-1].step, heatmap_images(history, self._panel))
 
     def write_alert(self, alert: Alert) -> None:
         try:
@@ -213,18 +213,18 @@ class TensorBoardExporter(Exporter):
                 self._drop_writer()
 
 
-def heatmap_images(history: Sequence[Sample], pause: float = 0.0, hurry: threading.Event | None = None,
-                   panel: HeatmapPanel | None = None) -> dict[str, np.ndarray]:
+def heatmap_images(history: Sequence[Sample], panel: HeatmapPanel, pause: float = 0.0,
+                   hurry: threading.Event | None = None) -> dict[str, np.ndarray]:
     """One RGB image (H, W, 3 uint8) per metric of the last sample: a :class:`~isiwatch.measure.plots.HeatmapPanel`
     over the samples of the last sample's depth, drawn with Agg (no pyplot, so any thread may call it).
 
     Args:
         history: The samples, oldest first (not empty); a sample without a metric (the probes under
             ``probe_every``) is a blank column.
+        panel: The figure to redraw (one caller at a time).
         pause: Seconds to sleep after each image per second spent drawing it (0: none), so that a background
             render leaves the interpreter lock to the training thread most of the time.
         hurry: Once set, no more pauses (someone is waiting for the images).
-        panel: The panel to redraw (one caller at a time); None: a new one.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -233,7 +233,7 @@ def heatmap_images(history: Sequence[Sample], pause: float = 0.0, hurry: threadi
     images = {}
     grids = {metric: [s.layers.get(metric, [math.nan] * last.depth) for s in shown] for metric in last.layers}
     begin = time.perf_counter()
-    for metric, fig in (panel or HeatmapPanel()).draw([s.step for s in shown], grids):
+    for metric, fig in panel.draw([s.step for s in shown], grids):
         canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
         canvas.draw()  # type: ignore[no-untyped-call]
         images[metric] = np.asarray(canvas.buffer_rgba())[..., :3].copy()  # type: ignore[no-untyped-call]
