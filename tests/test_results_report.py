@@ -69,12 +69,13 @@ def test_the_watch_section_gives_the_floor_ratios_whole_run_and_rss_of_its_json(
          "floor_ratio": 2.0949, "floor_ratio_with_exports": 2.1546, "whole_run_ratio": -0.0202, "watch_start_s": 0.23,
          "watch_close_s": 3.22, "vit_small": {"probe_images": 256, "floor_ratio": 1.2319},
          "rss": {"samples": 2000, "probe_images": 64, "heatmap_every": 10, "history_size": 1000, "growth_mb": 0.8047,
-                 "from_sample": 1000}}))
+                 "from_sample": 1000, "in_use_growth_mb": -0.3125}}))
     text = report.render(tmp_path)
     assert "Command: `python benchmarks/bench_watch.py --rounds 2 --threads 1 --device cpu`" in text
     assert "digits **2.09×** (2.15× with their exports; goal ≤ 1.3×)" in text
     assert "256 probe images: **1.23×** (goal ≤ 1.1×)" in text and "-2.02 %" in text
     assert "**+0.8 MB** from sample 1,000 to the last" in text
+    assert "to the last (C heap in use: -0.3 MB), in a fresh process." in text
 
 
 def test_the_docs_quote_the_truncate_speedups_at_batch_64_and_batch_1():
