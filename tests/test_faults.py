@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -637,3 +638,49 @@ def test_under_an_overhead_budget_every_rank_samples_the_same_steps(tmp_path):
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert ranks[0] == ranks[1]  # no hang, and one interval: the longest any rank asked for
     assert ranks[0]["interval"] > 1 and len(ranks[0]["samples"]) < 24
+
+
+# -- a closed stderr (a daemonised job): no log file may take descriptor 2 -----------------------------------
+CLOSED_STDERR_RUN = """
+import os, sys, timm, torch
+import torch.nn.functional as F
+from isiwatch import Watch
+from isiwatch.io.data import embedded_digits
+
+os.close(2)  # as a daemonised job whose terminal went away
+torch.manual_seed(0)
+model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7, in_chans=1,
+                          num_classes=10, embed_dim=16, depth=2, num_heads=2)
+x, y = embedded_digits()
+failures = [2]  # the probe passes of steps 2 and 4 fail: one episode, one report, one clearing
+def probe_fault(module, inputs, output):
+    if inputs[0].shape[0] == 32 and failures[0]:
+        failures[0] -= 1
+        raise RuntimeError("probe pass failed (injected)")
+model.blocks[1].register_forward_hook(probe_fault)
+watch = Watch(model, x[4000:4032], y[4000:4032], every_n_steps=2, log_dir=sys.argv[1], heatmap_every=1000)
+opt = torch.optim.AdamW(model.parameters(), 1e-3)
+for step in range(1, 9):
+    loss = F.cross_entropy(model(x[:16]), y[:16])
+    opt.zero_grad(); loss.backward(); opt.step()
+    watch.step(step, loss)
+watch.close()
+print("done", watch.faults.counts)
+"""
+
+
+def test_a_closed_stderr_never_lets_the_reports_into_the_logs(tmp_path):
+    """With descriptor 2 closed, a file opened next takes it, and what the process writes to stderr (the Watch's
+    own one-line reports) would land in that file: metrics.jsonl, an event file, a socket."""
+    from isiwatch.cli.report import read_run
+
+    done = subprocess.run([sys.executable, "-c", CLOSED_STDERR_RUN, str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("done"), done.stdout
+    records = read_run(tmp_path / "run", warn=pytest.fail)  # every line of both logs is JSON
+    assert [s["step"] for s in records.samples] == [6, 8]
+    faults = [(a["kind"], a["step"]) for a in records.alerts if a["kind"].startswith("monitor_error")]
+    assert faults == [("monitor_error", 2), ("monitor_error_cleared", 6)]
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("isiwatch/isi/layer_00")] == [6, 8]

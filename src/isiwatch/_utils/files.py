@@ -205,6 +205,19 @@ def write_json(path: str | Path, data: object) -> Path:
     return Path(path)
 
 
+def reserve_std_fds() -> None:
+    """Put ``/dev/null`` on each of descriptors 0–2 that is closed (a daemonised job's), so that no file or socket
+    opened later takes one: a log file opened on descriptor 2 would receive everything written to stderr, the
+    monitor's own one-line reports among them. What the process writes to a closed stderr is lost either way."""
+    for fd in range(3):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: ``fd``, as those below it are open
+            if null != fd:  # another thread took ``fd`` meanwhile
+                os.close(null)
+
+
 class PathError(ValueError):
     """A path a command cannot use (an output it must not write, an input that is not there): ``str()`` is one
     line naming the path and the problem."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from .._utils.files import reserve_std_fds
 from .._utils.state import PRESENT, checked, is_count, is_number, optional
 from ..measure.analysis import METRICS, Analysis, analyze, tracked_metrics, untracked_reason
 from ..measure.depth import recommend_depth
@@ -179,6 +180,7 @@ class Watch:
         self.exporters: list[Exporter] = []
         self._prometheus: PrometheusExporter | None = None
         if self.rank == 0:
+            reserve_std_fds()  # before any exporter opens a file or a socket
             if opts.log_dir:
                 self.exporters += [JsonlExporter(opts.log_dir), TensorBoardExporter(opts.log_dir, opts.heatmap_every)]
             if registry is not None or opts.prometheus_port is not None or opts.pushgateway or opts.textfile:
@@ -213,6 +215,8 @@ class Watch:
         next call tries it again, and its next ``write_sample`` that works closes the fault."""
         names = [type(exporter).__name__ for exporter in self.exporters]
         results = []
+        if self.exporters:
+            reserve_std_fds()  # stderr may have been closed since the last call; an exporter may open a file now
         for i, exporter in enumerate(list(self.exporters)):
             source = f"exporter {names[i]}" if names.count(names[i]) == 1 else f"exporter {names[i]}[{i}]"
             try:
