@@ -684,3 +684,35 @@ def test_a_closed_stderr_never_lets_the_reports_into_the_logs(tmp_path):
     events = EventAccumulator(str(tmp_path / "run"))
     events.Reload()
     assert [e.step for e in events.Scalars("isiwatch/isi/layer_00")] == [6, 8]
+
+
+# -- the user's alert_callback raises ----------------------------------------------------------------------------
+def test_an_alert_callback_that_raises_is_reported_once_and_cleared(digits, unwatched, capsys, monkeypatch):
+    """Reported like every contained failure (a monitor_error record and, without logging set up, one line on
+    stderr), not only to the ``isiwatch`` logger, whose handler is a NullHandler then; cleared by the next record
+    of another episode that the callback takes."""
+    x, y, px, py = digits
+    monkeypatch.setattr(logging.root, "handlers", [])  # as in a script that set up no logging
+    model = tiny_vit()
+    fault = ProbeFault(model, times=0)  # armed at step 4: a record of another source at step 4
+    taken = []
+
+    def callback(alert):
+        if alert.step < 4:
+            raise ValueError(f"callback bug on {alert.kind} (injected)")
+        taken.append((alert.kind, alert.data.get("source"), alert.step))
+
+    watch = Watch(model, px, py, every_n_steps=2, norm_friction_threshold=-2.0, alert_callback=callback)
+    result = train(model, x, y, 12, watch, lambda step: setattr(fault, "left", 1) if step == 4 else None)
+    watch.close()
+    assert_unperturbed(result, unwatched)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["isiwatch: [monitor_error] step 2: alert_callback failed (ValueError: callback bug on "
+                     "norm_friction_high (injected)); the sample's other parts and training continue",
+                     "isiwatch: [monitor_error] step 4: probe pass failed (RuntimeError: probe pass failed "
+                     "(injected)); the sample's other parts and training continue",
+                     "isiwatch: [monitor_error_cleared] step 4: alert_callback works again after 2 failures since "
+                     "step 2",
+                     "isiwatch: [monitor_error_cleared] step 6: probe pass works again after 1 failure since step 4"]
+    assert taken == [("monitor_error", "probe pass", 4), ("monitor_error_cleared", "alert_callback", 4),
+                     ("monitor_error_cleared", "probe pass", 6)]

@@ -1,11 +1,11 @@
 """Fault isolation: nothing that fails inside the Watch reaches the training loop it watches.
 
 Each part of a sample that can fail is a *source*: the probe pass with everything computed from it (metrics,
-probes, phases, depth, alert rules, the stopping rule) and each exporter. A source's first failure opens an
-episode, reported once: a ``monitor_error`` alert record (the ``isiwatch`` logger and every exporter get it;
-Prometheus counts it in ``isiwatch_alerts_total{kind="monitor_error"}``) and, when the application has set up no
-logging, one line on stderr, so a contained failure is never silent. Further failures of the same source are
-counted, not repeated; its next success closes the episode with a ``monitor_error_cleared`` record.
+probes, phases, depth, alert rules, the stopping rule), each exporter and the user's ``alert_callback``. A source's
+first failure opens an episode, reported once: a ``monitor_error`` alert record (the ``isiwatch`` logger and every
+exporter get it; Prometheus counts it in ``isiwatch_alerts_total{kind="monitor_error"}``) and, when the application
+has set up no logging, one line on stderr, so a contained failure is never silent. Further failures of the same
+source are counted, not repeated; its next success closes the episode with a ``monitor_error_cleared`` record.
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ class FaultLog:
                           {"source": source, "failures": count}))
 
     def report(self, record: Alert) -> None:
-        """Dispatch ``record`` to the Watch's sinks, and print it on stderr when no logging is set up."""
-        self.alerts.dispatch(record)
+        """Print ``record`` on stderr when no logging is set up, then dispatch it to the Watch's sinks (printed
+        first: a sink may report a failure of its own, whose line then follows this one)."""
         _to_stderr(f"isiwatch: [{record.kind}] step {record.step}: {record.message}")
+        self.alerts.dispatch(record)

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("isiwatch")
 
+#: The fault source of the user's ``alert_callback``.
+CALLBACK = "alert_callback"
+
 
 def _free_memory() -> None:
     """Return what a failed probe pass allocated to the device (its tensors are garbage once its frames are)."""
@@ -188,9 +191,10 @@ class Watch:
                                                       opts.prometheus_host, opts.pushgateway, opts.textfile)
                 self.exporters.append(self._prometheus)
             self.exporters += exporters
+        self._alert_callback = alert_callback
         sinks: list[AlertSink] = [log_sink, self._write_alert]
         if alert_callback is not None:
-            sinks.append(alert_callback)
+            sinks.append(self._call_back)
         self.alerts = AlertEngine(self.run, sinks)
         self.faults = FaultLog(self.alerts)
         #: Set once ``max_consecutive_failures`` samples in a row failed: ``step`` does nothing after that.
@@ -232,6 +236,19 @@ class Watch:
 
     def _write_alert(self, alert: Alert) -> None:
         self._each("write_alert", alert)
+
+    def _call_back(self, alert: Alert) -> None:
+        """Hand ``alert`` to the user's ``alert_callback``; one that raises is reported like every other failing
+        part (:attr:`faults`, source ``alert_callback``), and the next record of another source it takes closes
+        that episode."""
+        assert self._alert_callback is not None
+        try:
+            self._alert_callback(alert)
+        except Exception as exc:
+            self.faults.failed(CALLBACK, alert.step, exc)
+        else:
+            if alert.data.get("source") != CALLBACK:  # its own episode's records do not close it
+                self.faults.recovered(CALLBACK, alert.step)
 
     def _context(self) -> SampleContext:
         return SampleContext(self.run, tuple(self.history), self.tracker.onset_step, frozenset(self.alerts.active),
