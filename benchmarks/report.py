@@ -399,18 +399,34 @@ def _demo_runs(runs: list[dict]) -> list[str]:
               f"{r['max_drop']:g} | {r['test_drop_points']:.2f} |" for r in runs), ""]
 
 
-@needs("startup/startup.json", "Start-up (`benchmarks/bench_startup.py`)", "python benchmarks/bench_startup.py")
-def startup(data: dict) -> list[str]:
-    lines = ["## Start-up (`benchmarks/bench_startup.py`)", "",
-             f"Command: `python benchmarks/bench_startup.py --repeats {data['repeats']}`. Machine: "
-             f"{describe(data.get('machine'))}. Each command in a fresh interpreter, in rotation, medians.", "",
+def _startup(data: dict, where: str, option: str) -> list[str]:
+    packages = data.get("environment", {}).get("packages", {})
+    installed = ", ".join(f"{name} {version}" for name, version in packages.items() if version) or "not recorded"
+    lines = [f"## Start-up, {where} (`benchmarks/bench_startup.py`)", "",
+             f"Command: `python benchmarks/bench_startup.py --repeats {data['repeats']}{option}`. Machine: "
+             f"{describe(data.get('machine'))}. Installed beside torch: {installed}. Each command in a fresh "
+             "interpreter, in rotation, medians.", "",
              "| command | wall time |", "|---|---|"]
     lines += [f"| `{name}` | {value:.2f} s |" for name, value in data["median_s"].items()]
     lines += ["", f"`isiwatch --help` takes **{data['help_minus_bare_s']:.2f} s** more than a bare interpreter (goal "
               f"≤ 1 s); `import isiwatch` with its public API loaded (`isiwatch.Watch`, which imports torch) "
               f"**{data['import_isiwatch_minus_torch_s']:.2f} s** more than `import torch` (goal ≤ 0.5 s); "
-              "`import isiwatch` alone loads nothing heavy.", ""]
-    return lines
+              "`import isiwatch` alone loads nothing heavy."]
+    if "truncate_imports_minus_torch_s" in data:
+        lines += ["", f"`isiwatch truncate` imports its modules and Lightning Fabric before any work: "
+                  f"**{data['truncate_imports_minus_torch_s']:.2f} s** more than `import torch`."]
+    return [*lines, ""]
+
+
+@needs("startup/startup.json", "Start-up (`benchmarks/bench_startup.py`)", "python benchmarks/bench_startup.py")
+def startup(data: dict) -> list[str]:
+    return _startup(data, "the development install (`.[dev]`)", "")
+
+
+@needs("startup/startup_base.json", "Start-up, the base install (`benchmarks/bench_startup.py`)",
+       "python benchmarks/bench_startup.py --python VENV/bin/python --name base")
+def startup_base(data: dict) -> list[str]:
+    return _startup(data, "the wheel with its base dependencies", " --python VENV/bin/python --name base")
 
 
 @needs("truncate_memory/truncate_memory.json", "Memory of truncate vs dataset size",
@@ -463,6 +479,7 @@ SECTIONS: list[Callable[[Path], list[str]]] = [
              "benchmarks/results/watch/watch_128.json"),
     demo,
     startup,
+    startup_base,
     truncate_memory,
     contention,
     rendered("GPU check", "gpu_check.py", "gpu/gpu_check.json", "python benchmarks/gpu_check.py --out "

@@ -3,19 +3,17 @@ and says in one line when that port is taken."""
 
 import inspect
 import socket
-from pathlib import Path
 
 import yaml
 from click.testing import CliRunner
 
 from isiwatch.cli.commands import main
 from isiwatch.cli.demo import PROMETHEUS_PORT, run_demo
-
-ROOT = Path(__file__).resolve().parents[1]
+from isiwatch.cli.deploy import DEPLOYMENT
 
 
 def scraped_port() -> int:
-    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    config = yaml.safe_load((DEPLOYMENT / "prometheus" / "prometheus.yml").read_text())
     (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "isiwatch"]
     (target,) = job["static_configs"][0]["targets"]
     host, port = target.rsplit(":", 1)

@@ -18,11 +18,12 @@ from test_truncate import one_thread  # noqa: F401  (autouse: one torch thread, 
 from test_watch import mixing_vit, set_middle_blocks
 
 from isiwatch import Watch
+from isiwatch.cli.deploy import DEPLOYMENT
 from isiwatch.io.data import embedded_digits
 from isiwatch.measure.analysis import METRICS
 from isiwatch.measure.metric_table import HEATMAP_METRICS
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+DEPLOY = Path(str(DEPLOYMENT))  # the packaged copy, which `isiwatch deploy DIR` writes out
 PROMETHEUS_DIR = DEPLOY / "prometheus"
 RULE_FILES = sorted((PROMETHEUS_DIR / "rules").glob("*.yml"))
 RULE_TESTS = sorted((PROMETHEUS_DIR / "tests").glob("*.yml"))
@@ -166,3 +167,25 @@ def test_grafana_provisioning_and_compose_fit_together():
     board = dashboard(DEPLOY / "grafana" / "dashboards" / "isiwatch.json")
     assert board["templating"]["list"][0]["current"]["value"] == source["uid"]
     assert source["url"] == "http://127.0.0.1:9090"
+
+
+def test_isiwatch_deploy_writes_the_packaged_files_and_refuses_a_folder_that_holds_files(tmp_path):
+    from click.testing import CliRunner
+
+    from isiwatch.cli.commands import main
+
+    out = tmp_path / "monitoring"
+    done = CliRunner().invoke(main, ["deploy", str(out)])
+    assert done.exit_code == 0, done.output
+    written = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    packaged = {p.relative_to(DEPLOY).as_posix(): p.read_bytes() for p in DEPLOY.rglob("*") if p.is_file()}
+    assert {"docker-compose.yml", "prometheus/prometheus.yml", "prometheus/rules/isiwatch.yml",
+            "grafana/dashboards/isiwatch.json"} <= set(written)
+    assert written == packaged
+    assert f"docker compose -f {out / 'docker-compose.yml'} up -d" in done.output
+    promtool("check", "config", out / "prometheus" / "prometheus.yml")  # the written copy works where it lands
+
+    again = CliRunner().invoke(main, ["deploy", str(out)])
+    assert again.exit_code == 1 and again.output.count("\n") == 1, again.output
+    assert "is not empty" in again.output
+    assert {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()} == written

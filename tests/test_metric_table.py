@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from isiwatch.cli import report
+from isiwatch.cli.deploy import DEPLOYMENT
 from isiwatch.measure.analysis import METRICS, Analysis, untracked_reason
 from isiwatch.measure.metric_table import (
     HEATMAP_METRICS,
@@ -24,7 +25,7 @@ from isiwatch.measure.tables import analysis_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "metrics.md"
-DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "isiwatch.json"
+DASHBOARD = DEPLOYMENT / "grafana" / "dashboards" / "isiwatch.json"
 START, END = "<!-- metric-table -->\n", "\n<!-- /metric-table -->"
 
 

@@ -27,7 +27,7 @@ def test_heal_on_two_processes_leaves_the_same_weights_on_both(tmp_path):
     script = tmp_path / "heal_ddp.py"
     script.write_text(textwrap.dedent(f"""
         import torch
-        from lightning.fabric import Fabric
+        from lightning_fabric import Fabric
         from torch.utils.data import DataLoader, TensorDataset
 
         import isiwatch

@@ -283,12 +283,13 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
 @main.command()
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("isiwatch-demo"),
               show_default=True, help="Run directory.")
-@click.option("--quick", is_flag=True, help="A smaller, shorter run (under a minute on 2 CPU cores).")
+@click.option("--quick", is_flag=True, help="A smaller, shorter run: fewer training steps, images and candidate "
+                                            "cuts (its wall time: benchmarks/RESULTS.md).")
 @click.option("--config", "watch_config", type=click.Path(dir_okay=False, path_type=Path),
               help="isiwatch.yaml whose Watch options override the demo's defaults.")
 @click.option("--prometheus-port", type=click.IntRange(0, 65535), default=9108, show_default=True,
-              help="Port for the Prometheus endpoint on 127.0.0.1 while training: 9108 is the one "
-                   "deploy/prometheus/prometheus.yml scrapes (0: any free port).")
+              help="Port for the Prometheus endpoint on 127.0.0.1 while training: 9108 is the one the "
+                   "prometheus.yml of 'isiwatch deploy DIR' scrapes (0: any free port).")
 @click.option("--serve", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
               callback=lambda _ctx, param, value: _finite(value, param),
               help="Keep the Prometheus endpoint up for SECONDS after the demo finishes (from training on), so a "
@@ -323,6 +324,20 @@ def report(run_dir: Path, out: Path | None) -> None:
     _check_paths(folders={"--out": out if out is not None else run_dir / "report"})
     for path in write_report(run_dir, out, warn=lambda line: click.echo(f"warning: {line}", err=True)):
         click.echo(f"wrote {path}")
+
+
+@main.command()
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+def deploy(folder: Path) -> None:
+    """Write the Prometheus configuration and alert rules, the Grafana dashboard and the docker-compose file that
+    runs both into FOLDER (new or empty); then: docker compose -f FOLDER/docker-compose.yml up -d."""
+    from .deploy import check_deploy_dir, write_deployment
+
+    _check_paths(folders={"": folder})
+    check_deploy_dir(folder)
+    written = write_deployment(folder)
+    click.echo(f"wrote {len(written)} files to {folder}; start them with: docker compose -f "
+               f"{folder / 'docker-compose.yml'} up -d")
 
 
 from ..truncation.engine import DIST_STRATEGIES, PRECISIONS  # noqa: E402  (choices; lightning loads lazily)

@@ -30,7 +30,7 @@ from .classifier_layout import num_classes
 from .engine import ShardedLoader
 
 if TYPE_CHECKING:
-    from lightning.fabric import Fabric
+    from lightning_fabric import Fabric
 
 #: Healing and evaluation images: ``"mnist"`` (the embedded digits), a folder tree or tar file timm reads, a split
 #: of a dataset timm's readers read (:class:`~isiwatch.io.timm_data.TimmDataset`), model-ready ``(images, labels)``

@@ -13,7 +13,7 @@ from .._utils.option_error import OptionError
 from .._utils.threads import usable_cpus
 
 if TYPE_CHECKING:  # torch and lightning load when used: the command line imports this module for its choices
-    from lightning.fabric import Fabric
+    from lightning_fabric import Fabric
     from torch import Tensor
     from torch.utils.data import DataLoader
 
@@ -50,7 +50,7 @@ class FabricOptions:
         """A launched Fabric: with several devices and no torchrun/SLURM around it, Fabric starts the other
         processes by re-running this command; more devices than the machine has are refused in one line."""
         import torch
-        from lightning.fabric import Fabric
+        from lightning_fabric import Fabric
 
         accelerator = self.accelerator
         if accelerator == "auto":

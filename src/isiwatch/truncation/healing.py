@@ -22,7 +22,7 @@ from .engine import ShardedLoader
 from .strategies import HEAL_EPOCHS, HEAL_LR
 
 if TYPE_CHECKING:
-    from lightning.fabric import Fabric
+    from lightning_fabric import Fabric
 
 __all__ = ["accuracy", "default_train_last", "heal", "Images", "make_digits_vit", "predict", "prepare_healing",
            "train_classifier", "trainable_modules"]

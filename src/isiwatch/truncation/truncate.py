@@ -68,7 +68,7 @@ from .surgery import cut_vit, measure_inputs
 from .truncate_report import candidates_table, measure, report_table
 
 if TYPE_CHECKING:
-    from lightning.fabric import Fabric
+    from lightning_fabric import Fabric
 
 __all__ = ["STRATEGIES", "Data", "Execution", "Split", "TruncateRequest", "TruncateResult", "TruncationPlan",
            "auto_cut", "candidates_table", "choose_blocks", "cut_vit", "execute", "heal", "load_split", "plan",
