@@ -716,3 +716,61 @@ def test_an_alert_callback_that_raises_is_reported_once_and_cleared(digits, unwa
                      "isiwatch: [monitor_error_cleared] step 6: probe pass works again after 1 failure since step 4"]
     assert taken == [("monitor_error", "probe pass", 4), ("monitor_error_cleared", "alert_callback", 4),
                      ("monitor_error_cleared", "probe pass", 6)]
+
+
+# -- a Watch built on a full or read-only disk ----------------------------------------------------------------
+def fill(disk):
+    """Fill the tmpfs at ``disk`` with one ballast file; returns its path."""
+    ballast = disk / "ballast"
+    with open(ballast, "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 4096)
+        except OSError:
+            pass
+    return ballast
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_a_watch_built_on_a_broken_disk_starts_with_its_exporters_failed_and_recovers(digits, unwatched, own_disk,
+                                                                                      fault):
+    """The Watch is built, each exporter that cannot open its files is reported once (at step 0) and retried at
+    every write, and the disk that heals at step 6 gets the samples from then on."""
+    x, y, px, py = digits
+    model = tiny_vit()
+    log_dir = own_disk / "run"
+    if fault == "full":
+        ballast = fill(own_disk)
+    else:
+        remount(own_disk, "ro")
+    records = []
+    try:
+        watch = Watch(model, px, py, every_n_steps=2, log_dir=log_dir, heatmap_every=1000,
+                      alert_callback=records.append)
+
+        def heal(step):
+            if step == 6:
+                ballast.unlink() if fault == "full" else remount(own_disk, "rw")
+
+        result = train(model, x, y, 12, watch, heal)
+        watch.close()
+    finally:
+        remount(own_disk, "rw")
+    assert_unperturbed(result, unwatched)
+    episodes = log_dir_faults(records)
+    # a full disk still takes an empty file: the JSONL exporter fails on its first line, TensorBoard's failure record
+    assert episodes == {"exporter JsonlExporter": [("monitor_error", 0), ("monitor_error_cleared", 6)],
+                        "exporter TensorBoardExporter": [("monitor_error", 0), ("monitor_error_cleared", 6)]}
+    steps = [json.loads(line)["step"] for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [6, 8, 10, 12]
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    assert [e.step for e in events.Scalars("isiwatch/isi/layer_00")] == [6, 8, 10, 12]
+
+
+def test_a_log_dir_that_is_a_file_is_refused_when_the_watch_is_built(digits, tmp_path):
+    _, _, px, py = digits
+    (tmp_path / "taken").write_text("")
+    for log_dir in (tmp_path / "taken", tmp_path / "taken" / "run"):
+        with pytest.raises(ValueError, match=f"^log_dir {log_dir}: {tmp_path / 'taken'} is not a directory$"):
+            Watch(tiny_vit(), px, py, log_dir=log_dir)

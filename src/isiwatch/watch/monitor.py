@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from .._utils.files import reserve_std_fds
+from .._utils.files import reserve_std_fds, shown_path
 from .._utils.state import PRESENT, checked, is_count, is_number, optional
 from ..measure.analysis import METRICS, Analysis, analyze, tracked_metrics, untracked_reason
 from ..measure.depth import recommend_depth
@@ -83,6 +83,14 @@ def _check_probe_batch(parts: ViTParts, images: object, labels: object, opts: Wa
         if last < 4:
             raise ValueError(f"with_isi_recon needs at least 4 images in every probe chunk, but the smallest has "
                              f"{last} ({n} probe images in chunks of probe_batch_size={opts.probe_batch_size})")
+
+
+def _check_log_dir(log_dir: Path) -> None:
+    """A ``log_dir`` that is a file, or lies under one, is a mistake refused now; a full or read-only disk is not
+    (its exporters report it and try again at every write)."""
+    for path in (log_dir, *log_dir.absolute().parents):
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"log_dir {shown_path(log_dir)}: {shown_path(path)} is not a directory")
 
 
 class Watch:
@@ -150,6 +158,8 @@ class Watch:
         self._probe_model = unwrap_model(model)
         self._parts = vit_parts(self._probe_model)
         _check_probe_batch(self._parts, probe_images, probe_labels, opts)
+        if opts.log_dir:
+            _check_log_dir(Path(opts.log_dir))
         self.probe_images = probe_images
         self.probe_labels = probe_labels
         for exporter in exporters:
@@ -197,6 +207,7 @@ class Watch:
             sinks.append(self._call_back)
         self.alerts = AlertEngine(self.run, sinks)
         self.faults = FaultLog(self.alerts)
+        self._each("open")  # a backend that cannot open (a full or read-only disk) is reported now, retried later
         #: Set once ``max_consecutive_failures`` samples in a row failed: ``step`` does nothing after that.
         self.disabled = False
         self._failed_in_a_row = 0

@@ -17,14 +17,17 @@ class JsonlExporter(Exporter):
     """Appends one JSON object per line and flushes, so a crashed run keeps everything written so far.
 
     Args:
-        log_dir: The folder of ``metrics.jsonl`` and ``alerts.jsonl`` (created if missing; existing files are
-            appended to, so a resumed run continues them).
+        log_dir: The folder of ``metrics.jsonl`` and ``alerts.jsonl`` (created if missing, by
+            [`open`][isiwatch.Exporter.open] or the first write; existing files are appended to,
+            so a resumed run continues them).
     """
 
     def __init__(self, log_dir: str | Path):
         self.dir = Path(log_dir)
         self._files: dict[str, TextIO] = {}
-        for name in ("metrics.jsonl", "alerts.jsonl"):  # fail at construction, not at the first sample
+
+    def open(self) -> None:
+        for name in ("metrics.jsonl", "alerts.jsonl"):
             self._file(name)
 
     def _file(self, name: str) -> TextIO:

@@ -67,7 +67,9 @@ class TensorBoardExporter(Exporter):
         self._hurry = threading.Event()  # set: the render in flight stops pausing (someone waits for it)
         self._written_step: int | None = None  # the step of the last heat-maps written
         self._panel = HeatmapPanel()  # drawn by one render at a time: the render thread's, then the close's
-        self.writer  # noqa: B018  (open the event file now: a log_dir that cannot hold one fails at construction)
+
+    def open(self) -> None:
+        self.writer  # noqa: B018  (the event file now: a log_dir that cannot hold one is reported at once)
 
     @property
     def writer(self) -> SummaryWriter:
