@@ -429,6 +429,18 @@ def startup_base(data: dict) -> list[str]:
     return _startup(data, "the wheel with its base dependencies", " --python VENV/bin/python --name base")
 
 
+@needs("install/install.json", "What the install puts on disk (`benchmarks/bench_install.py`)",
+       "python benchmarks/bench_install.py --venv VENV")
+def install(data: dict) -> list[str]:
+    biggest = ", ".join(f"{name} {size / 1e9:.2f} GB" for name, size in list(data["cuda_only"].items())[:3])
+    return ["## What the install puts on disk (`benchmarks/bench_install.py`)", "",
+            "Command: `python benchmarks/bench_install.py --venv VENV`, VENV a fresh venv with the wheel and its base "
+            f"dependencies (pip's default torch, {data['torch']}).", "",
+            f"The venv holds **{data['total_gb']:.2f} GB** in {data['distributions']} distributions; "
+            f"**{data['cuda_only_gb']:.2f} GB** of it are CUDA libraries and Triton that a CPU-only torch does "
+            f"without (largest: {biggest}); torch itself takes {data['torch_gb']:.2f} GB.", ""]
+
+
 @needs("truncate_memory/truncate_memory.json", "Memory of truncate vs dataset size",
        "python benchmarks/bench_truncate_memory.py")
 def truncate_memory(data: dict) -> list[str]:
@@ -480,6 +492,7 @@ SECTIONS: list[Callable[[Path], list[str]]] = [
     demo,
     startup,
     startup_base,
+    install,
     truncate_memory,
     contention,
     rendered("GPU check", "gpu_check.py", "gpu/gpu_check.json", "python benchmarks/gpu_check.py --out "
