@@ -327,11 +327,32 @@ def test_a_gateway_that_never_answers_does_not_block_the_training_step(digits):
     assert stepping < 8, f"4 samples took {stepping:.1f} s: a push blocked the training step"
 
 
-@pytest.mark.parametrize("url", ["http://[::1", "ftp://host:9091", "127.0.0.1:0", "http://:9091"])
+MALFORMED_GATEWAYS = ["http://[::1", "ftp://host:9091", "127.0.0.1:0", "http://:9091", "not a url at all", " ", "\x00",
+                      "http://gate way:9091", "http://gateway:9091/\n", "http://gate\x1b[31mway",
+                      "http://-gateway:9091", "http://gateway..local:9091"]
+
+
+@pytest.mark.parametrize("url", MALFORMED_GATEWAYS)
 def test_a_malformed_gateway_url_is_refused_at_construction(digits, url):
+    """Each would pass construction and then fail every push (InvalidURL, an unknown host), an episode that never
+    clears: refused when the Watch, or the exporter alone, is built, in one printable line."""
+    from isiwatch.watch.exporters import PrometheusExporter
+
     _, _, px, py = digits
-    with pytest.raises(ConfigError, match="pushgateway"):
+    with pytest.raises(ConfigError, match="pushgateway") as refused:
         Watch(tiny_vit(), px, py, pushgateway=url)
+    with pytest.raises(ValueError, match="^pushgateway ") as alone:
+        PrometheusExporter("r", CollectorRegistry(), pushgateway=url)
+    for error in (refused, alone):
+        assert str(error.value).isprintable(), str(error.value)
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:9091", "http://[::1]:9091", "https://push.example.org/prefix",
+                                 "pushgateway", "http://push_gateway:9091"])
+def test_a_well_formed_gateway_url_is_accepted(digits, url):
+    from isiwatch.watch.exporters import PrometheusExporter
+
+    PrometheusExporter("r", CollectorRegistry(), pushgateway=url).close()
 
 
 # -- torch.distributed: a failure on rank 1 only -------------------------------------------------------------

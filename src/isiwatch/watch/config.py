@@ -8,7 +8,9 @@ that name the key and its line.
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 import reprlib
 import types
 import typing
@@ -115,24 +117,39 @@ def _port(v: object) -> str | None:
     return None if not isinstance(v, int) or 0 <= v <= 65535 else f"must be a port 0-65535, got {v}"
 
 
-def _gateway(v: object) -> str | None:
-    """A push gateway address prometheus_client can use: ``host:port`` or an http(s) URL with a host."""
+#: A host name: dot-separated labels of letters, digits, ``-`` (not first or last) and ``_`` (Docker's names).
+_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9_-]+(?<!-)(\.(?!-)[A-Za-z0-9_-]+(?<!-))*")
+
+
+def _host(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return _HOST_NAME.fullmatch(name) is not None
+    return True
+
+
+def gateway_problem(v: object) -> str | None:
+    """What keeps ``v`` from being a push gateway address prometheus_client can push to (``host:port``, or an
+    http(s) URL with a host name or address, printable and without spaces), or None."""
     if not isinstance(v, str):
         return None
+    if not v.isprintable() or any(c.isspace() for c in v):
+        return f"must be a URL such as http://127.0.0.1:9091, without spaces or control characters; got {quote(v)}"
     url = v if "://" in v else f"http://{v}"
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
     except ValueError as exc:
         return f"must be a URL such as http://127.0.0.1:9091, got {quote(v)} ({exc})"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https") or not parts.hostname or not _host(parts.hostname):
         return f"must be an http(s) URL with a host, such as http://127.0.0.1:9091, got {quote(v)}"
     return None if port is None or port > 0 else f"must name a port 1-65535, got {quote(v)}"
 
 
 #: Range and choice rules, shared by the Watch (through :func:`build_options`) and ``isiwatch config check``.
 _RULES: dict[str, Callable[[object], str | None]] = {
-    "every_n_steps": _at_least(1), "prometheus_port": _port, "pushgateway": _gateway,
+    "every_n_steps": _at_least(1), "prometheus_port": _port, "pushgateway": gateway_problem,
     "max_consecutive_failures": _at_least(1), "phase_metric": _one_of(METRICS),
     "min_layers": _at_least(2), "plateau_patience": _at_least(1), "probe_batch_size": _at_least(1),
     "history_size": _at_least(1), "heatmap_every": _at_least(1), "isi_stall_window": _at_least(2),

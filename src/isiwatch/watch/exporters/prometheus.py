@@ -14,6 +14,7 @@ from prometheus_client import write_to_textfile as _write_textfile
 from prometheus_client.metrics_core import Metric
 
 from ..alerts import ALERT_KINDS, Alert
+from ..config import gateway_problem
 from ..faults import warn
 from ..sample import Sample
 from .base import Exporter, SampleContext
@@ -45,7 +46,8 @@ class PrometheusExporter(Exporter):
         registry: The registry the metrics live in (a private one by default).
         port: Serve the registry over HTTP on this port (0: any free one; None: no server).
         host: The address the HTTP server binds.
-        pushgateway: Push the registry to this gateway after every sample.
+        pushgateway: Push the registry to this gateway after every sample: ``host:port`` or an http(s) URL with a
+            host, printable and without spaces (anything else raises ``ValueError`` here).
         textfile: Rewrite this node-exporter textfile after every sample.
         job: The push gateway's ``job``.
     """
@@ -53,6 +55,8 @@ class PrometheusExporter(Exporter):
     def __init__(self, run: str, registry: CollectorRegistry | None = None, port: int | None = None,
                  host: str = "127.0.0.1", pushgateway: str | None = None, textfile: str | Path | None = None,
                  job: str = "isiwatch"):
+        if pushgateway is not None and (problem := gateway_problem(pushgateway)):
+            raise ValueError(f"pushgateway {problem}")
         self.run = run
         self.registry = registry if registry is not None else CollectorRegistry()
         self.pushgateway, self.textfile, self.job = pushgateway, textfile, job
