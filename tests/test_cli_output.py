@@ -2,6 +2,7 @@
 files and folders that follow the umask."""
 
 import os
+import sys
 
 import pytest
 import timm
@@ -50,3 +51,50 @@ def test_command_outputs_follow_the_umask(checkpoint, tmp_path, monkeypatch, uma
     assert (tmp_path / "a").stat().st_mode & 0o777 == 0o777 & ~umask
     for path in (tmp_path / "a" / "analysis.json", tmp_path / "s.pt"):
         assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path
+
+
+def test_an_output_that_replaces_an_existing_file_says_so(checkpoint, tmp_path, monkeypatch):
+    """Outputs are replaced as torch.save and Lightning's checkpoints replace theirs (atomically: the old file stays
+    whole until the new one is complete), and the line naming each says when one was there before (issue 33 #5)."""
+    monkeypatch.chdir(tmp_path)
+    first = CliRunner().invoke(main, ["specialize", str(checkpoint), "--out", "s.pt"])
+    again = CliRunner().invoke(main, ["specialize", str(checkpoint), "--out", "s.pt"])
+    assert first.exit_code == 0 and again.exit_code == 0, first.output + again.output
+    assert first.stdout.splitlines()[-1] == "wrote s.pt"
+    assert again.stdout.splitlines()[-1] == "wrote s.pt (replaced the existing file)"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "analysis.json").write_text("{}")  # an earlier analysis; curves.png is new
+    analysed = CliRunner().invoke(main, ["analyze", str(checkpoint), "--images", "16", "--out", "a", "--device",
+                                         "cpu"])
+    assert analysed.exit_code == 0, analysed.output
+    assert analysed.stdout.splitlines()[-2:] == ["wrote a/analysis.json (replaced the existing file)",
+                                                 "wrote a/curves.png"]
+
+
+def test_the_demo_replaces_an_earlier_run_and_starts_its_watch_log_anew(tmp_path):
+    """A second demo into the same run folder says so and removes the earlier Watch log first: the JSON lines
+    files would be appended to and TensorBoard would show both runs' event files as one run."""
+    from isiwatch.cli.demo import _start_afresh
+
+    lines: list[str] = []
+    _start_afresh(tmp_path / "new", lines.append)
+    _start_afresh(tmp_path, lines.append)  # empty
+    assert lines == []
+    for name in ("metrics.jsonl", "alerts.jsonl", "events.out.tfevents.1.host.2.0", "model.pt", "notes.txt"):
+        (tmp_path / name).write_text("earlier run")
+    _start_afresh(tmp_path, lines.append)
+    assert lines == [f"replacing the earlier run in {tmp_path}/: files of the same names are replaced, and the "
+                     "Watch's log (metrics.jsonl, alerts.jsonl, TensorBoard events) starts anew"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "notes.txt"]
+
+
+def test_a_missing_package_is_named_with_what_to_install_not_an_internal_error(checkpoint, tmp_path, monkeypatch):
+    for name in [m for m in sys.modules if m == "mlflow" or m.startswith("mlflow.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` fails as on a base install
+    # the command reaches an optional import (fault injected where the analysis would start)
+    monkeypatch.setattr("isiwatch.cli.offline.analyze_checkpoint", lambda *a, **k: __import__("mlflow"))
+    result = CliRunner().invoke(main, ["analyze", str(checkpoint), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert result.output == ('Error: this needs the mlflow package, which is not installed: pip install '
+                             '"isiwatch[mlflow]"\n'), result.output

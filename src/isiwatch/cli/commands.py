@@ -45,6 +45,11 @@ def _usage_errors() -> Iterator[None]:
         raise click.ClickException(f"{message} (see {path} --help)") from None
 
 
+#: What to install for an optional package a command may import, by its import name: isiwatch's extra where one
+#: exists; any other missing package is named as it is imported.
+_EXTRAS = {"mlflow": "isiwatch[mlflow]", "wandb": "isiwatch[wandb]"}
+
+
 class _Cli(click.Group):
     """Every error is one line ``Error: ...`` and exit status 1, usage errors included (set ISIWATCH_DEBUG=1 for
     tracebacks); ``--help`` prints help and exits 0."""
@@ -71,7 +76,11 @@ class _Cli(click.Group):
             known = (CheckpointError, DataError, TapError, FileNotFoundError, ValueError, OSError)
             text = exc.worded({}) if isinstance(exc, OptionError) else str(exc)  # options as flags: --num-heads N
             message = text.splitlines()[0] if text else type(exc).__name__
-            if not isinstance(exc, known):
+            if isinstance(exc, ModuleNotFoundError) and exc.name:  # an optional package this run needs
+                package = exc.name.split(".")[0]
+                message = (f"this needs the {package} package, which is not installed: pip install "
+                           f"\"{_EXTRAS.get(package, package)}\"")
+            elif not isinstance(exc, known):
                 message = f"internal error ({type(exc).__name__}): {message}"
             raise click.ClickException(message) from None
 
