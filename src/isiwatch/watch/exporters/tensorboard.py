@@ -23,7 +23,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,38 @@ if TYPE_CHECKING:
 RENDER_PAUSE = 4.0
 #: The render thread's nice value (the lowest priority).
 RENDER_NICE = 19
+
+
+class _QuietWriterThreads:
+    """A ``threading.excepthook`` in front of ``previous`` that drops the exceptions of the live exporters' writer
+    threads and hands every other thread's on. Tensorboard's writer thread keeps its failure (a full disk, a
+    vanished folder) and raises it on the next write, on the training thread, where the Watch reports it in one
+    line; the traceback the thread would print on its way out is a second, unreported copy."""
+
+    def __init__(self, previous: Callable[[threading.ExceptHookArgs], object]):
+        self.previous = previous
+
+    def __call__(self, args: threading.ExceptHookArgs) -> None:
+        if args.thread is None or _writer_folder(args.thread) not in {os.path.normpath(e.log_dir) for e in _LIVE}:
+            self.previous(args)
+
+
+def _writer_folder(thread: threading.Thread) -> str | None:
+    """The folder of the event file ``thread`` writes, when it is tensorboard's writer thread (its record writer's
+    file), else None."""
+    record_writer = getattr(thread, "_record_writer", None)
+    filename = getattr(getattr(record_writer, "_writer", None), "filename", None)
+    return os.path.normpath(os.path.dirname(os.fsdecode(filename))) if isinstance(filename, (str, bytes)) else None
+
+
+#: The exporters whose writer threads :class:`_QuietWriterThreads` silences.
+_LIVE: weakref.WeakSet[TensorBoardExporter] = weakref.WeakSet()
+
+
+def _quiet_writer_threads() -> None:
+    """Put :class:`_QuietWriterThreads` in front of the current ``threading.excepthook``, unless it is there."""
+    if not isinstance(threading.excepthook, _QuietWriterThreads):
+        threading.excepthook = _QuietWriterThreads(threading.excepthook)
 
 
 class TensorBoardExporter(Exporter):
@@ -77,6 +110,8 @@ class TensorBoardExporter(Exporter):
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
+            _LIVE.add(self)
+            _quiet_writer_threads()  # each time: another hook may have been put in front since
             self._writer = SummaryWriter(self.log_dir)
             self._layout_written = False
         return self._writer
