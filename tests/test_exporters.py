@@ -3,7 +3,11 @@ W&B exporters write each sample's series at its step into the real libraries' st
 
 import dataclasses
 import json
+import os
 import struct
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from test_watch import digits, tiny_vit, train  # noqa: F401  (digits: fixture)
@@ -69,19 +73,28 @@ def test_user_exporter_hooks_default_to_nothing():
     exporter.close(context)
 
 
-def test_mlflow_exporter_writes_each_series_at_its_step(digits, tmp_path, monkeypatch):  # noqa: F811
+@pytest.fixture
+def mlflow_cwd(tmp_path, monkeypatch):
+    """A fresh working directory with MLflow on its defaults: no tracking URI, no file-store opt-in."""
     pytest.importorskip("mlflow")
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_LOGGING_LEVEL", "WARNING")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("store", ["default", "sqlite"])
+def test_mlflow_exporter_writes_each_series_at_its_step(digits, mlflow_cwd, store):  # noqa: F811
     from mlflow.tracking import MlflowClient
 
-    for name, value in {"MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_DISABLE_TELEMETRY": "true",
-                        "MLFLOW_LOGGING_LEVEL": "WARNING"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    uri = (tmp_path / "mlruns").as_uri()
+    # MLflow 3's default store is ./mlflow.db (SQLite) when no URI is given
+    uri = f"sqlite:///{mlflow_cwd / 'mlflow.db'}" if store == "default" else f"sqlite:///{mlflow_cwd / 'runs.db'}"
     x, y, px, py = digits
     model = tiny_vit()
-    exporter = MlflowExporter(uri, experiment="isiwatch-test", params={"lr": 1e-3})
-    watch = Watch(model, px[:32], py[:32], every_n_steps=2, exporters=[exporter], norm_friction_threshold=-2.0)
+    exporter = MlflowExporter(None if store == "default" else uri, experiment="isiwatch-test", params={"lr": 1e-3})
+    watch = Watch(model, px[:32], py[:32], every_n_steps=2, exporters=[exporter], norm_friction_threshold=-2.0,
+                  strict=True)
     train(model, x, y, 5, watch)
     watch.load_state_dict({**watch.state_dict(), "run": "mlf"})  # a resume renames the run
     watch.close()
@@ -100,6 +113,51 @@ def test_mlflow_exporter_writes_each_series_at_its_step(digits, tmp_path, monkey
     alert = client.get_metric_history(exporter.run_id, "isiwatch/alerts/norm_friction_high")
     assert [(m.step, m.value) for m in alert] == [(2, 1.0)]
     assert run.data.tags["isiwatch.alert.norm_friction_high"].startswith("step 2: ")
+
+
+@pytest.mark.parametrize("store", ["file URI", "plain path", "default with an old ./mlruns", "unknown scheme"])
+def test_mlflow_exporter_refuses_a_store_mlflow_refuses_in_one_line(mlflow_cwd, store):
+    """MLflow 3 refuses its file store unless MLFLOW_ALLOW_FILE_STORE=true, and blames the model registry for a
+    scheme it has no store for; the exporter says what to set or use when it is built, and writes nothing."""
+    uri = {"file URI": (mlflow_cwd / "mlruns").as_uri(), "plain path": "mlruns", "unknown scheme": "s3://bucket/runs"}
+    if store not in uri:  # MLflow keeps ./mlruns as the default where it already holds an experiment
+        (mlflow_cwd / "mlruns" / "0").mkdir(parents=True)
+        (mlflow_cwd / "mlruns" / "0" / "meta.yaml").write_text("name: Default\n")
+    with pytest.raises(ValueError) as refused:
+        MlflowExporter(uri.get(store))
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("MlflowExporter cannot open the MLflow store ")
+    if store == "unknown scheme":
+        assert "no store for 's3' URIs" in message and "'sqlite'" in message and "registry" not in message
+    else:
+        assert "MLFLOW_ALLOW_FILE_STORE=true" in message and "'sqlite:///mlflow.db'" in message
+    assert store == "plain path" or (mlflow_cwd / "mlruns").as_uri() in message or "s3://" in message
+    assert sorted(p.name for p in mlflow_cwd.iterdir()) == (["mlruns"] if store not in uri else [])  # wrote nothing
+
+
+def test_mlflow_exporter_names_what_mlflow_skinny_lacks_for_sqlite(tmp_path):
+    """mlflow-skinny installs neither SQLAlchemy nor Alembic, without which MLflow knows no sqlite:// store (its
+    error blames the model registry); the exporter names the packages instead. Run where neither imports."""
+    pytest.importorskip("mlflow")
+    script = tmp_path / "no_sqlalchemy.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+
+        sys.modules["sqlalchemy"] = sys.modules["alembic"] = None  # as if not installed: import and find_spec fail
+        from isiwatch import MlflowExporter
+
+        try:
+            MlflowExporter("sqlite:///runs.db")
+        except ValueError as error:
+            print(error)
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.splitlines()
+    assert "sqlite:///runs.db" in line and "pip install sqlalchemy alembic" in line
+    assert not (tmp_path / "runs.db").exists()
 
 
 def wandb_records(path):
@@ -125,23 +183,25 @@ def wandb_records(path):
             yield record
 
 
-def test_wandb_exporter_logs_each_series_at_its_step_offline(digits, tmp_path, monkeypatch):  # noqa: F811
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+    """wandb, quiet, its settings and caches in tmp_path; the runs themselves ask for ``mode="offline"``."""
     wandb = pytest.importorskip("wandb")
-    for name, value in {"WANDB_MODE": "offline", "WANDB_ERROR_REPORTING": "false", "WANDB_SILENT": "true",
-                        "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true", "WANDB_CONSOLE": "off",
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    for name, value in {"WANDB_ERROR_REPORTING": "false", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true",
+                        "WANDB_DISABLE_CODE": "true", "WANDB_CONSOLE": "off",
                         "WANDB_CONFIG_DIR": str(tmp_path / "config"), "WANDB_CACHE_DIR": str(tmp_path / "cache"),
                         "WANDB_DATA_DIR": str(tmp_path / "data")}.items():
         monkeypatch.setenv(name, value)
-    x, y, px, py = digits
-    model = tiny_vit()
-    exporter = WandbExporter(project="isiwatch-test", dir=str(tmp_path),
-                             settings=wandb.Settings(console="off", x_disable_stats=True, x_save_requirements=False))
-    watch = Watch(model, px[:32], py[:32], every_n_steps=2, exporters=[exporter], norm_friction_threshold=-2.0)
-    train(model, x, y, 5, watch)
-    watch.load_state_dict({**watch.state_dict(), "run": "wb"})  # a resume renames the run
-    watch.close()
-    wandb.teardown()  # the finished run's log is complete once the wandb-core process has exited
+    return wandb
 
+
+def wandb_settings(wandb):
+    return wandb.Settings(console="off", x_disable_stats=True, x_save_requirements=False)
+
+
+def wandb_run_log(tmp_path):
+    """({step: row} of the history, [display names]) of the one offline run under tmp_path."""
     (path,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     rows, names = {}, []
     for record in wandb_records(path):
@@ -151,12 +211,60 @@ def test_wandb_exporter_logs_each_series_at_its_step_offline(digits, tmp_path, m
             rows.setdefault(row["_step"], {}).update(row)
         elif kind == "run":
             names.append(record.run.display_name)
-    assert names[0].startswith("run-") and names[-1] == "wb"
-    assert sorted(rows) == [s.step for s in watch.history] == [2, 4, 5]
-    expected = expected_points(watch.history)
-    assert "isiwatch/isi/layer_03" in expected
+    return rows, names
+
+
+def assert_watch_rows(rows, history):
+    """Every sample's series at its step, and the alert series beside them."""
+    expected = expected_points(history)
+    assert [s.step for s in history] == [2, 4, 5] and "isiwatch/isi/layer_03" in expected
     for key, points in expected.items():
         assert [(step, rows[step][key]) for step, _ in points] == points, key
-    extra = {k for row in rows.values() for k in row if not k.startswith("_")} - set(expected)
+    extra = {k for row in rows.values() for k in row if not k.startswith(("_", "user/"))} - set(expected)
     assert "isiwatch/alerts/norm_friction_high" in extra and all(k.startswith("isiwatch/alerts/") for k in extra)
     assert rows[2]["isiwatch/alerts/norm_friction_high"] == 1
+
+
+def test_wandb_exporter_logs_each_series_at_its_step_offline(digits, tmp_path, wandb_offline):  # noqa: F811
+    wandb = wandb_offline
+    x, y, px, py = digits
+    model = tiny_vit()
+    exporter = WandbExporter(project="isiwatch-test", mode="offline", dir=str(tmp_path),
+                             settings=wandb_settings(wandb))
+    watch = Watch(model, px[:32], py[:32], every_n_steps=2, exporters=[exporter], norm_friction_threshold=-2.0,
+                  strict=True)
+    train(model, x, y, 5, watch)
+    watch.load_state_dict({**watch.state_dict(), "run": "wb"})  # a resume renames the run
+    watch.close()
+    assert wandb.run is None  # the run it started, it finished
+    wandb.teardown()  # the finished run's log is complete once the wandb-core process has exited
+
+    rows, names = wandb_run_log(tmp_path)
+    assert names[0].startswith("run-") and names[-1] == "wb"
+    assert sorted(rows) == [2, 4, 5]
+    assert_watch_rows(rows, watch.history)
+
+
+@pytest.mark.parametrize("options", [{}, {"project": "isiwatch-test", "mode": "offline"}], ids=["plain", "project"])
+def test_wandb_exporter_logs_into_the_users_run_and_leaves_it_open(digits, tmp_path, wandb_offline,  # noqa: F811
+                                                                   options):
+    """After the user's own ``wandb.init``, the exporter logs into that run and the close leaves it open: the
+    user's ``wandb.log`` after the Watch closed lands in the same run."""
+    wandb = wandb_offline
+    x, y, px, py = digits
+    model = tiny_vit()
+    mine = wandb.init(project="mine", name="my-run", mode="offline", dir=str(tmp_path), settings=wandb_settings(wandb))
+    watch = Watch(model, px[:32], py[:32], every_n_steps=2, exporters=[WandbExporter(**options)],
+                  norm_friction_threshold=-2.0, strict=True)
+    train(model, x, y, 5, watch)
+    watch.load_state_dict({**watch.state_dict(), "run": "wb"})  # a resume renames only a run the exporter started
+    watch.close()
+    assert wandb.run is mine  # still open
+    wandb.log({"user/accuracy": 0.5}, step=6)
+    mine.finish()
+    wandb.teardown()
+
+    rows, names = wandb_run_log(tmp_path)  # one run only: the user's
+    assert set(names) == {"my-run"}
+    assert sorted(rows) == [2, 4, 5, 6] and rows[6]["user/accuracy"] == 0.5
+    assert_watch_rows(rows, watch.history)

@@ -1,13 +1,16 @@
 """MLflow: every sample's series as metrics at the training step, alert records as metrics and tags.
 
 Needs ``pip install isiwatch[mlflow]`` (``mlflow-skinny``); mlflow is imported when the exporter is built, never by
-``import isiwatch``.
+``import isiwatch``. MLflow 3's default store, ``sqlite:///mlflow.db`` in the working directory, also needs SQLAlchemy
+and Alembic, which mlflow-skinny does not install.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from ..alerts import Alert
 from ..sample import Sample
@@ -16,18 +19,56 @@ from .base import Exporter, SampleContext, episode_value, present_series
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
+#: The URI schemes of MLflow's SQLAlchemy stores (``mlflow.store.db.db_types.DATABASE_ENGINES``), and what those
+#: stores import that mlflow-skinny does not install.
+_DATABASE_SCHEMES = {"sqlite", "mysql", "postgresql", "mssql"}
+_DATABASE_PACKAGES = ("sqlalchemy", "alembic")
+
+
+def _client(tracking_uri: str | None) -> MlflowClient:
+    """MLflow's client on its store, which it opens at once: a store MLflow refuses is refused here, when the
+    exporter is built, in one line that says what to install or set."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    try:
+        return MlflowClient(uri)
+    except (MlflowException, ImportError) as error:
+        raise ValueError(f"MlflowExporter cannot open the MLflow store {uri}: {_remedy(uri, error)}") from None
+
+
+def _remedy(uri: str, error: Exception) -> str:
+    """One line for MLflow's refusal, whose own words are a paragraph and, for a scheme it has no store for
+    (``sqlite`` without SQLAlchemy among them), blame the model registry."""
+    import mlflow
+
+    scheme = urlparse(uri).scheme.split("+")[0]
+    if "MLFLOW_ALLOW_FILE_STORE" in str(error):
+        return (f"MLflow {mlflow.__version__} refuses its file store unless MLFLOW_ALLOW_FILE_STORE=true is set; "
+                "pass a tracking_uri such as 'sqlite:///mlflow.db' instead, or set that variable")
+    if scheme in _DATABASE_SCHEMES and (missing := [name for name in _DATABASE_PACKAGES if find_spec(name) is None]):
+        return f"MLflow's {scheme} store needs SQLAlchemy and Alembic: pip install {' '.join(missing)}"
+    known = getattr(error, "supported_uri_schemes", None)
+    if known is not None:
+        return f"MLflow has no store for {scheme!r} URIs; it knows {', '.join(repr(k) for k in known if k)}"
+    return str(error).strip().splitlines()[0]
+
 
 class MlflowExporter(Exporter):
     """Logs through ``MlflowClient`` with an explicit run id, since the fluent API's active run is not seen from
     other threads (a framework's callback thread, for one).
 
-    Metric ``<prefix><series>`` holds each series of :meth:`isiwatch.watch.sample.Sample.series` at the sample's
+    Metric ``<prefix><series>`` holds each series of `isiwatch.watch.sample.Sample.series` at the sample's
     step (no point where a sample has no plateau span); metric ``<prefix>alerts/<kind>`` is 1 when an episode
     opens (and at ``early_stop``) and 0 when it clears; tag ``isiwatch.alert.<kind>`` holds the last record's
     step and message. A new run starts at the first sample or alert, named after the Watch's run.
 
     Args:
-        tracking_uri: The tracking server or store; MLflow's default (``MLFLOW_TRACKING_URI``) when None.
+        tracking_uri: The tracking server or store; MLflow's default when None (``MLFLOW_TRACKING_URI``, else
+            ``sqlite:///mlflow.db`` in the working directory). A store MLflow refuses (its file store, unless
+            ``MLFLOW_ALLOW_FILE_STORE=true``) raises ``ValueError`` here, in one line naming what to set.
         experiment: The experiment of a new run, created if missing; MLflow's default experiment when None.
         run_id: Log into this existing run (e.g. ``mlflow.active_run().info.run_id``), which the close leaves
             open, instead of starting one.
@@ -37,9 +78,7 @@ class MlflowExporter(Exporter):
 
     def __init__(self, tracking_uri: str | None = None, experiment: str | None = None, run_id: str | None = None,
                  params: Mapping[str, Any] | None = None, prefix: str = "isiwatch/"):
-        from mlflow.tracking import MlflowClient
-
-        self.client: MlflowClient = MlflowClient(tracking_uri)
+        self.client = _client(tracking_uri)
         self.experiment = experiment
         self.run_id = run_id
         self.params = dict(params or {})
