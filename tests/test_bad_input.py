@@ -235,6 +235,110 @@ CASES = {
 }
 
 
+def read_only(tmp, good):
+    """The good checkpoint, a Watch run folder and ``ro``: a folder nobody but root may write in. Root writes there
+    anyway, so as root the cases name a folder under /sys instead, which no one can create files in."""
+    copy_ckpt(tmp, good)
+    run_dir_with("alerts.jsonl", "")(tmp, good)
+    (tmp / "ro").mkdir()
+    (tmp / "ro").chmod(0o555)
+
+
+RO = "/sys" if os.geteuid() == 0 else "{tmp}/ro"  # {ro} in a message
+TRUNCATE = ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o.pt"]
+
+# Refused before any work (no checkpoint read, no Fabric launched, nothing trained or reported: see WORK), with exit
+# status 1 and the flag named (issue 33 #5): numeric options when the command line is parsed, and the paths and the
+# launcher when the command starts.
+EARLY = {
+    "truncate-max-drop-200": (copy_ckpt, [*TRUNCATE, "--max-drop", "200"],
+                              "'--max-drop': 200.0 is not in the range 0<=x<100"),
+    "truncate-max-drop-100": (copy_ckpt, [*TRUNCATE, "--max-drop", "100"],
+                              "'--max-drop': 100.0 is not in the range"),
+    "truncate-max-drop-inf": (copy_ckpt, [*TRUNCATE, "--max-drop", "inf"],
+                              "'--max-drop': inf is not in the range"),
+    "truncate-confidence-negative": (copy_ckpt, [*TRUNCATE, "--confidence", "-0.5"],
+                                     "'--confidence': -0.5 is not in the range 0<=x<1"),
+    "truncate-confidence-nan": (copy_ckpt, [*TRUNCATE, "--confidence", "nan"],
+                                "'--confidence': nan is not a finite number"),
+    "truncate-budget-negative": (copy_ckpt, [*TRUNCATE, "--budget", "-3"],
+                                 "'--budget': -3 is not in the range x>=1"),
+    "truncate-seed-2**70": (copy_ckpt, [*TRUNCATE, "--keep", "1", "--seed", str(2**70)],
+                            "'--seed': 1180591620717411303424 is not in the range 0<=x<=4294967295"),
+    "truncate-seed-negative": (copy_ckpt, [*TRUNCATE, "--keep", "1", "--seed", "-1"],
+                               "'--seed': -1 is not in the range"),
+    "truncate-epochs-negative": (copy_ckpt, [*TRUNCATE, "--keep", "1", "--epochs", "-1"],
+                                 "'--epochs': -1 is not in the range 0<=x<=10000"),
+    "truncate-epochs-absurd": (copy_ckpt, [*TRUNCATE, "--keep", "1", "--epochs", str(10**12)],
+                               "'--epochs': 1000000000000 is not in the range"),
+    "truncate-train-last-negative": (copy_ckpt, [*TRUNCATE, "--keep", "1", "--train-last", "-2"],
+                                     "'--train-last': -2 is not in the range x>=0"),
+    "truncate-heal-steps-absurd": (copy_ckpt, [*TRUNCATE, "--keep", "1", "--heal-steps", str(10**12)],
+                                   "'--heal-steps': 1000000000000 is not in the range 1<=x<=10000000"),
+    "truncate-heal-steps-0": (copy_ckpt, [*TRUNCATE, "--keep", "1", "--heal-steps", "0"],
+                              "'--heal-steps': 0 is not in the range"),
+    "truncate-screen-steps-absurd": (copy_ckpt, [*TRUNCATE, "--screen-steps", str(10**12)],
+                                     "'--screen-steps': 1000000000000 is not in the range"),
+    "truncate-lr-0": (copy_ckpt, [*TRUNCATE, "--keep", "1", "--lr", "0"],
+                      "'--lr': 0.0 is not in the range x>0"),
+    "truncate-lr-nan": (copy_ckpt, [*TRUNCATE, "--keep", "1", "--lr", "nan"],
+                        "'--lr': nan is not a finite number"),
+    "truncate-lr-inf": (copy_ckpt, [*TRUNCATE, "--keep", "1", "--lr", "inf"],
+                        "'--lr': inf is not a finite number"),
+    "truncate-keep-0": (copy_ckpt, [*TRUNCATE, "--keep", "0"],
+                        "'--keep': 0 is not in the range x>=1"),
+    "truncate-images-3": (copy_ckpt, [*TRUNCATE, "--keep", "1", "--images", "3"],
+                          "'--images': 3 is not in the range x>=4"),
+    "truncate-num-nodes-without-launcher": (copy_ckpt, [*TRUNCATE, "--keep", "1", "--num-nodes", "4"],
+                                            '--num-nodes 4: no launcher started this job on every node'),
+    "truncate-checkpoint-dev-null": (None, ["truncate", "/dev/null", "--out", "{tmp}/o.pt"],
+                                     '/dev/null: is a character device, not a regular file'),
+    "truncate-checkpoint-fifo": (with_fifo("ck.pt"), ["truncate", "{tmp}/ck.pt", "--out", "{tmp}/o.pt"],
+                                 'ck.pt: is a FIFO, not a regular file'),
+    "truncate-out-read-only": (read_only, ["truncate", "{tmp}/model.pt", "--out", RO + "/o.pt", "--keep", "1"],
+                               '--out {ro}/o.pt: cannot be written ('),
+    "truncate-report-read-only": (read_only, [*TRUNCATE, "--keep", "1", "--report", RO + "/r.json"],
+                                  '--report {ro}/r.json: cannot be written ('),
+    "analyze-mean-nan": (copy_ckpt, ["analyze", "{tmp}/model.pt", "--mean", "nan", "--out", "{tmp}/o"],
+                         "'--mean': 'nan': every value must be a finite number"),
+    "analyze-std-inf": (copy_ckpt, ["analyze", "{tmp}/model.pt", "--mean", "0.5", "--std", "inf", "--out",
+                                    "{tmp}/o"],
+                        "'--std': 'inf': every value must be a finite number"),
+    "analyze-checkpoint-dev-null": (None, ["analyze", "/dev/null", "--out", "{tmp}/o"],
+                                    '/dev/null: is a character device, not a regular file'),
+    "analyze-checkpoint-fifo": (with_fifo("ck.pt"), ["analyze", "{tmp}/ck.pt", "--out", "{tmp}/o"],
+                                'ck.pt: is a FIFO, not a regular file'),
+    "analyze-out-read-only": (read_only, ["analyze", "{tmp}/model.pt", "--out", RO + "/o"],
+                              '--out {ro}/o: cannot be written ('),
+    "specialize-checkpoint-dev-null": (None, ["specialize", "/dev/null", "--out", "{tmp}/o.pt"],
+                                       '/dev/null: is a character device, not a regular file'),
+    "specialize-checkpoint-fifo": (with_fifo("ck.pt"), ["specialize", "{tmp}/ck.pt", "--out", "{tmp}/o.pt"],
+                                   'ck.pt: is a FIFO, not a regular file'),
+    "specialize-out-read-only": (read_only, ["specialize", "{tmp}/model.pt", "--out", RO + "/o.pt"],
+                                 '--out {ro}/o.pt: cannot be written ('),
+    "report-out-read-only": (read_only, ["report", "{tmp}/run", "--out", RO + "/r"],
+                             '--out {ro}/r: cannot be written ('),
+    "demo-out-read-only": (read_only, ["demo", "--quick", "--out", RO + "/d"],
+                           '--out {ro}/d: cannot be written ('),
+    "demo-out-read-only-folder": (read_only, ["demo", "--quick", "--out", RO],
+                                  '--out {ro}: cannot be written ('),
+    "demo-serve-absurd": (None, ["demo", "--quick", "--serve", "1e12", "--out", "{tmp}/d"],
+                          "'--serve': 1000000000000.0 is not in the range 0<=x<=604800"),
+    "demo-serve-nan": (None, ["demo", "--quick", "--serve", "nan", "--out", "{tmp}/d"],
+                       "'--serve': nan is not a finite number"),
+}
+CASES.update({case: (setup, args) for case, (setup, args, _) in EARLY.items()})
+#: Where a command's work starts: reading a checkpoint, launching Fabric, the demo's run, the report's.
+WORK = ("isiwatch.io.checkpoint.read_raw", "isiwatch.truncation.engine.FabricOptions.launch",
+        "isiwatch.cli.demo.run_demo", "isiwatch.cli.report.write_report")
+#: What tells Fabric a launcher started the job on every node: cleared, so --num-nodes 4 has none.
+LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "MASTER_ADDR")
+
+
+class WorkStarted(BaseException):
+    """Raised where a command's work starts in an EARLY case: no ``except Exception`` turns it into an error line."""
+
+
 def snapshot(root: Path) -> dict[str, str]:
     """Every path under ``root``: a link as its target, a FIFO as such, a file by its hash."""
     def state(p: Path) -> str:
@@ -256,13 +360,23 @@ def test_bad_input_one_line_error_inputs_unchanged_nothing_left(case, good_check
     args = [a.format(tmp=tmp_path) for a in args]
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("ISIWATCH_DEBUG", raising=False)
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    if case in EARLY:
+        def work(*args, **kwargs):
+            raise WorkStarted(f"{case}: work started before the refusal")
+        for target in WORK:
+            monkeypatch.setattr(target, work)
     result = CliRunner().invoke(main, args)
     assert isinstance(result.exception, SystemExit), result.exc_info  # not an exception that escaped the CLI
     errors = result.stderr.splitlines()
-    assert result.exit_code != 0, result.stdout[-2000:]
+    assert result.exit_code == 1 if case in EARLY else result.exit_code != 0, result.stdout[-2000:]
     assert len(errors) == 1 and errors[0].startswith("Error: "), result.stderr[-3000:]
     assert "Traceback" not in result.stdout + result.stderr
     assert len(errors[0]) < 400
+    if case in EARLY:  # in the user's words: the flag, the path and what is wrong with it
+        says = EARLY[case][2].format(ro=RO.format(tmp=tmp_path))
+        assert says in errors[0], errors[0]
     assert snapshot(tmp_path) == before  # inputs unchanged, no output, no temporary file
     assert not (tmp_path / "PWNED").exists()
 
@@ -296,3 +410,47 @@ def test_refusals_name_the_problem_and_come_before_any_work(good_checkpoint, tmp
     result = CliRunner().invoke(main, ["analyze", str(bad)])
     assert result.stderr == (f"Error: {bad}: 1 weight tensor holds NaN or Inf (first: 'blocks.1.mlp.fc1.weight'); "
                              "a diverged or corrupted checkpoint cannot be used\n")
+
+
+def test_the_python_api_refuses_the_same_before_any_work(good_checkpoint, tmp_path, monkeypatch):
+    """What the command line refuses when it parses, the API refuses on its own terms before reading anything:
+    a 100-point tolerance (it failed after the analysis, as "tolerance must be in [0, 1)"), several nodes without
+    a launcher (Fabric waited for them for ever), a checkpoint that is a device or a FIFO (called missing)."""
+    from isiwatch.io.checkpoint import CheckpointError, load_checkpoint
+    from isiwatch.truncation.engine import FabricOptions
+    from isiwatch.truncation.truncate import TruncateRequest
+
+    with pytest.raises(ValueError, match=r"^max_drop must be at least 0 points and below 100, got 100"):
+        TruncateRequest(good_checkpoint, max_drop=100)
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match=r"^num_nodes=2: no launcher started this job on every node; run it under "):
+        FabricOptions(num_nodes=2)
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_JOB_NAME", "bash")  # an interactive allocation: Fabric would start the processes
+    with pytest.raises(ValueError, match=r"no launcher"):
+        FabricOptions(num_nodes=2)
+    monkeypatch.setenv("SLURM_JOB_NAME", "heal.sbatch")  # srun in a batch job: every node runs the command
+    assert FabricOptions(num_nodes=2).num_nodes == 2
+    monkeypatch.delenv("SLURM_NTASKS")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")  # torchrun
+    assert FabricOptions(num_nodes=2).num_nodes == 2
+    os.mkfifo(tmp_path / "ck.pt")
+    with pytest.raises(CheckpointError, match="ck.pt: is a FIFO, not a regular file$"):
+        load_checkpoint(tmp_path / "ck.pt")
+    with pytest.raises(CheckpointError, match="^/dev/null: is a character device, not a regular file$"):
+        load_checkpoint("/dev/null")
+    with pytest.raises(CheckpointError, match="none.pt: no such checkpoint file$"):
+        load_checkpoint(tmp_path / "none.pt")
+
+
+def test_a_folder_output_is_checked_writable_by_a_write_that_leaves_nothing(tmp_path):
+    """The check writes and removes a temporary file where the output goes, so that whatever forbids the real
+    write (a read-only file system, permissions, /sys refusing new files even to root) refuses it first."""
+    from isiwatch._utils.files import PathError, check_output
+
+    assert check_output(tmp_path / "new" / "deeper" / "o.pt", "--out") == tmp_path / "new" / "deeper" / "o.pt"
+    assert check_output(tmp_path, "--out", folder=True) == tmp_path
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(PathError, match=r"^--out /sys/o: cannot be written \("):
+        check_output("/sys/o", "--out", folder=True)

@@ -147,12 +147,12 @@ def test_an_interrupted_search_resumes_without_healing_its_finished_candidates(i
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--max-drop", "-1"], "--max-drop must be at least 0 points, got -1.0"),
-    (["--max-drop", "nan"], "--max-drop must be at least 0 points, got nan"),
-    (["--budget", "0"], "--budget must be at least 1 candidate, got 0"),
+    (["--max-drop", "-1"], "'--max-drop': -1.0 is not in the range 0<=x<100"),  # refused as click parses it
+    (["--max-drop", "nan"], "'--max-drop': nan is not a finite number"),
+    (["--budget", "0"], "'--budget': 0 is not in the range x>=1"),
     (["--strategy", "auto", "--keep", "3"], "cannot be combined with --strategy auto"),
-    (["--confidence", "1"], "--confidence must be at least 0 and below 1, got 1.0"),
-    (["--screen-steps", "0"], "--screen-steps must be at least 1 optimizer step, got 0"),
+    (["--confidence", "1"], "'--confidence': 1.0 is not in the range 0<=x<1"),
+    (["--screen-steps", "0"], "'--screen-steps': 0 is not in the range 1<=x<=10000000"),
     (["--heal-steps", "4", "--screen-steps", "8"], "--screen-steps (8) cannot exceed --heal-steps (4)"),
     (["--keep", "3", "--resume"], "--resume apply to --strategy auto only"),
 ])

@@ -236,36 +236,65 @@ def _kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
+def _write_test(folder: Path, name: str) -> OSError | None:
+    """Create and remove a temporary file in ``folder`` (named as `atomic_write` names those of target
+    ``name``, so a kill in between leaves one the next write removes): the one test that a read-only file system,
+    permissions, ACLs and root's privileges all answer as the real write will. None: it can be written."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(name), suffix=".tmp", dir=folder)
+    except OSError as exc:
+        return exc
+    os.close(fd)
+    os.unlink(tmp)
+    return None
+
+
 def check_output(path: str | Path, option: str, folder: bool = False) -> Path:
-    """Refuse, before any work, an output path isiwatch must not write: it must name nothing yet or a regular
-    file (``folder``: a directory). Symbolic links, device nodes (``/dev/null``), FIFOs and sockets are refused
-    rather than replaced, and so is a path whose parent is a file. ``option`` names the path in the message
-    (``--out``). Returns ``path`` as a Path."""
+    """Refuse, before any work, an output path isiwatch must not or cannot write: it must name nothing yet or a
+    regular file (``folder``: a directory), in a place this process can write (a write test: a read-only file
+    system or a folder without write permission is refused here, not when the results are ready). Symbolic links,
+    device nodes (``/dev/null``), FIFOs and sockets are refused rather than replaced, and so is a path whose
+    parent is a file. ``option`` names the path in the message (``--out``; empty for an argument). Returns
+    ``path`` as a Path."""
     path = Path(path)
     want = "a directory" if folder else "a regular file"
+    name = f"{option + ' ' if option else ''}{shown_path(path)}"
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         mode = None
     except OSError as exc:  # ENOTDIR: a parent is a file; EACCES; ENAMETOOLONG
-        raise PathError(f"{option} {shown_path(path)}: cannot be written ({exc.strerror})") from None
+        raise PathError(f"{name}: cannot be written ({exc.strerror})") from None
     if mode is None:
-        parent = next((p for p in path.absolute().parents if os.path.lexists(p)), None)
-        if parent is not None and not parent.is_dir():
-            raise PathError(f"{option} {shown_path(path)}: {shown_path(parent)} is not a directory")
-        return path
-    if (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)):
-        return path
-    raise PathError(f"{option} {shown_path(path)}: is {_kind(mode)}, not {want}; give {want} or a path that "
-                          "does not exist yet")
+        place = next((p for p in path.absolute().parents if os.path.lexists(p)), Path("/"))
+        if not place.is_dir():
+            raise PathError(f"{name}: {shown_path(place)} is not a directory")
+    elif not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)):
+        raise PathError(f"{name}: is {_kind(mode)}, not {want}; give {want} or a path that "
+                        "does not exist yet")
+    else:  # written inside an existing folder; a file is replaced by a rename in its folder
+        place = path if folder else path.absolute().parent
+    error = _write_test(place, path.name)
+    if error is not None:
+        raise PathError(f"{name}: cannot be written ({error.strerror or error})")
+    return path
 
 
-def check_input(path: str | Path, option: str = "", kind: str = "file or directory") -> Path:
+def check_input(path: str | Path, option: str = "", kind: str = "file or directory", directory: bool = True) -> Path:
     """A path a command reads: refused in one line (its name quoted when it holds a newline) when nothing is
-    there. ``option`` names it in the message (empty for an argument), ``kind`` says what it should be."""
+    there, or when it is neither a regular file nor (``directory``) a directory: a device such as ``/dev/null``,
+    a FIFO or a socket is not a checkpoint. ``option`` names it in the message (empty for an argument), ``kind``
+    says what it should be. Symbolic links are followed."""
     path = Path(path)
-    if not path.exists():
-        raise PathError(f"{option + ' ' if option else ''}{shown_path(path)}: no such {kind}")
+    name = f"{option + ' ' if option else ''}{shown_path(path)}"
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise PathError(f"{name}: no such {kind}") from None
+    except OSError as exc:  # EACCES, ELOOP, ENAMETOOLONG
+        raise PathError(f"{name}: cannot be read ({exc.strerror})") from None
+    if not (stat.S_ISREG(mode) or (directory and stat.S_ISDIR(mode))):
+        raise PathError(f"{name}: is {_kind(mode)}, not a regular file")
     return path
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -182,6 +183,8 @@ class _Stats(_StatsType):
             self.fail(f"{value!r} is not a number or a comma-separated list of numbers", param, ctx)
         if not 1 <= len(stats) <= 4:
             self.fail(f"{value!r}: give one value or one per channel", param, ctx)
+        if not all(math.isfinite(v) for v in stats):
+            self.fail(f"{value!r}: every value must be a finite number", param, ctx)
         if param is not None and param.name == "std" and not all(v > 0 for v in stats):
             self.fail(f"{value!r}: standard deviations must be positive", param, ctx)
         return stats
@@ -204,29 +207,55 @@ def _inputs_line(weights: str, norm: Mapping[str, Any]) -> str:
             f"{numbers(norm['mean'])} std {numbers(norm['std'])} ({norm['source']})")
 
 
-def _finite(value: float, param: click.Parameter) -> float:
-    if value != value or value == float("inf"):
-        raise click.BadParameter(f"{value} is not a finite number", param=param)
-    return value
+class _FiniteRange(click.FloatRange):
+    """click's FloatRange, refusing also nan (which passes its bounds: every comparison with it is false) and
+    infinities when the range is open-ended."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{number} is not a finite number", param, ctx)
+        return number
+
+
+#: Upper bounds of the healing options, so that a slip (--heal-steps 1000000000000) is refused when the command
+#: line is read instead of running for ever: a heal is a short fine-tune, and 10,000,000 optimizer steps of 128
+#: images are more than three 300-epoch trainings on ImageNet-1k's 1,281,167 images (3.0 M steps each).
+MAX_HEAL_STEPS = 10_000_000
+MAX_HEAL_EPOCHS = 10_000
+#: --seed: the range Lightning's seed_everything (and numpy) accept, 0 to 2**32 - 1.
+MAX_SEED = 2**32 - 1
+#: --serve: a week.
+MAX_SERVE_SECONDS = 7 * 24 * 3600
 
 
 def _check_paths(inputs: Mapping[str, Path | str | None] | None = None,
                  files: Mapping[str, Path | None] | None = None, folders: Mapping[str, Path | None] | None = None
-                 ) -> None:
-    """Every path a command reads or writes, checked before any work (:func:`~isiwatch._utils.files.check_output`):
-    ``inputs`` must exist, ``files`` are file outputs and ``folders`` folder outputs; keys name them in the
-    message ("" for an argument, "--out" for an option). ``None`` is an option not given."""
+                 ) -> frozenset[Path]:
+    """Every path a command reads or writes, checked before any work (``isiwatch._utils.files.check_output``):
+    ``inputs`` must be a regular file or a directory, ``files`` are file outputs and ``folders`` folder outputs,
+    each in a place that can be written; keys name them in the message ("" for an argument, "--out" for an option).
+    ``None`` is an option not given. Returns the files already there that an output may replace (resolved): the
+    file outputs and what the output folders hold, for ``_wrote``."""
     from .._utils.files import check_input, check_output
 
     for name, path in (inputs or {}).items():
         if path is not None:
             check_input(path, name, "checkpoint" if not name else "file or directory")
+    existing: set[Path] = set()
     for name, path in (files or {}).items():
-        if path is not None:
-            check_output(path, name)
+        if path is not None and check_output(path, name).exists():
+            existing.add(path.resolve())
     for name, path in (folders or {}).items():
-        if path is not None:
-            check_output(path, name, folder=True)
+        if path is not None and check_output(path, name, folder=True).exists():
+            existing.update(p.resolve() for p in path.iterdir())
+    return frozenset(existing)
+
+
+def _wrote(path: Path, existing: frozenset[Path]) -> str:
+    """The line naming an output written, saying when it replaced a file that was there before the command ran
+    (atomically: the old file stayed whole until the new one was complete)."""
+    return f"wrote {path}" + (" (replaced the existing file)" if Path(path).resolve() in existing else "")
 
 
 PROGRESS = click.option("--progress/--no-progress", default=None,
@@ -275,7 +304,7 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
     from ..measure.tables import analysis_table, phases_line, recommendation_text
     from .offline import analyze_checkpoint
 
-    _check_paths({"": checkpoint}, folders={"--out": out})
+    existing = _check_paths({"": checkpoint}, folders={"--out": out})
 
     result, paths = analyze_checkpoint(checkpoint, arch=arch, num_heads=num_heads, data=data, images=images, out=out,
                                        metric=metric, with_isi_recon=isi_recon, batch_size=batch_size,
@@ -286,7 +315,7 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
     click.echo(phases_line(result))
     click.echo(f"recommended depth: {recommendation_text(recommend_depth(result).to_dict())}")
     for path in paths:
-        click.echo(f"wrote {path}")
+        click.echo(_wrote(path, existing))
 
 
 @main.command()
@@ -299,8 +328,7 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
 @click.option("--prometheus-port", type=click.IntRange(0, 65535), default=9108, show_default=True,
               help="Port for the Prometheus endpoint on 127.0.0.1 while training: 9108 is the one the "
                    "prometheus.yml of 'isiwatch deploy DIR' scrapes (0: any free port).")
-@click.option("--serve", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
-              callback=lambda _ctx, param, value: _finite(value, param),
+@click.option("--serve", type=_FiniteRange(0, MAX_SERVE_SECONDS), default=0, show_default=True, metavar="SECONDS",
               help="Keep the Prometheus endpoint up for SECONDS after the demo finishes (from training on), so a "
                    "scraping Prometheus can fire alerts with a for: delay; Ctrl-C ends it (0: close after training).")
 @PROGRESS
@@ -330,9 +358,9 @@ def report(run_dir: Path, out: Path | None) -> None:
     """Plots and a self-contained HTML page of a monitored run (a Watch log_dir)."""
     from .report import write_report
 
-    _check_paths(folders={"--out": out if out is not None else run_dir / "report"})
+    existing = _check_paths(folders={"--out": out if out is not None else run_dir / "report"})
     for path in write_report(run_dir, out, warn=lambda line: click.echo(f"warning: {line}", err=True)):
-        click.echo(f"wrote {path}")
+        click.echo(_wrote(path, existing))
 
 
 @main.command()
@@ -387,29 +415,34 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
               help=f"Which blocks to drop [default: auto; {DEFAULT_STRATEGY} with --keep]. auto: the cheapest "
                    "healed cut within --max-drop; "
                    + "; ".join(f"{name}: {s.description}" for name, s in STRATEGIES.items()) + ".")
-@click.option("--keep", type=int, help="Blocks to keep (default: the plateau cut's depth for plateau, the "
-                                       "recommended depth for the other fixed strategies).")
-@click.option("--max-drop", type=float, default=DEFAULT_MAX_DROP, show_default=True,
+@click.option("--keep", type=click.IntRange(min=1),
+              help="Blocks to keep (default: the plateau cut's depth for plateau, the recommended depth for the other "
+                   "fixed strategies).")
+@click.option("--max-drop", type=_FiniteRange(0, 100, max_open=True), default=DEFAULT_MAX_DROP, show_default=True,
               help="auto: accuracy points a cut may lose.")
-@click.option("--confidence", type=float, default=DEFAULT_CONFIDENCE, show_default=True,
+@click.option("--confidence", type=_FiniteRange(0, 1, max_open=True), default=DEFAULT_CONFIDENCE, show_default=True,
               help="auto: a cut qualifies when the upper bound of its validation accuracy drop at this confidence "
                    "(exact, Bonferroni over --budget) is within --max-drop; 0: the observed drop.")
-@click.option("--budget", type=int, default=DEFAULT_BUDGET, show_default=True,
+@click.option("--budget", type=click.IntRange(min=1), default=DEFAULT_BUDGET, show_default=True,
               help="auto: candidates screened at most.")
-@click.option("--train-last", type=int, help="Kept blocks to fine-tune, counted from the end (default: half).")
-@click.option("--epochs", type=int, default=HEAL_EPOCHS, show_default=True,
+@click.option("--train-last", type=click.IntRange(min=0),
+              help="Kept blocks to fine-tune, counted from the end (default: half).")
+@click.option("--epochs", type=click.IntRange(0, MAX_HEAL_EPOCHS), default=HEAL_EPOCHS, show_default=True,
               help="Healing epochs (0: cut only), unless --heal-steps is given.")
-@click.option("--heal-steps", type=int, help="Optimizer steps of a full heal (batches of 128; default: --epochs).")
-@click.option("--screen-steps", type=int,
+@click.option("--heal-steps", type=click.IntRange(1, MAX_HEAL_STEPS),
+              help="Optimizer steps of a full heal (batches of 128; default: --epochs); the bound refuses a slip that "
+                   "would heal for ever (more steps than three 300-epoch ImageNet-1k trainings).")
+@click.option("--screen-steps", type=click.IntRange(1, MAX_HEAL_STEPS),
               help="auto: optimizer steps of each candidate's screening heal (default: a quarter of a full heal); "
                    "the winner is healed fully.")
 @click.option("--resume", is_flag=True,
               help="auto: continue the search journalled in OUT.search.jsonl without healing its finished "
                    "candidates again.")
-@click.option("--lr", type=float, default=HEAL_LR, show_default=True, help="Peak healing learning rate.")
+@click.option("--lr", type=_FiniteRange(min=0, min_open=True), default=HEAL_LR, show_default=True,
+              help="Peak healing learning rate.")
 @click.option("--distill", is_flag=True, help="Also distil the uncut model's logits while healing.")
 @click.option("--metric", help="Curve whose plateau sets the cut (default: the analysis's, else token_similarity).")
-@click.option("--images", type=int, default=1000, show_default=True,
+@click.option("--images", type=click.IntRange(min=4), default=1000, show_default=True,
               help="Images for the analysis and the block scores.")
 @click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), default="pt", show_default=True)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help="Also write the report as JSON.")
@@ -417,7 +450,8 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
 @click.option("--num-heads", type=click.IntRange(min=1),
               help="Attention heads, for a checkpoint that records neither them nor an architecture.")
 @click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Healing order and random strategy seed.")
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
+              help="Healing order and random strategy seed (Lightning's seed_everything range).")
 @MEAN
 @STD
 @PROGRESS
@@ -466,8 +500,8 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     heal_data: Data = data if dataset is None else TimmDataset(dataset, data, train_split)
     evaluation: Data | None = eval_data if dataset is None else TimmDataset(dataset, eval_data or data, val_split)
     hugging_face = checkpoint.is_dir()  # a save_pretrained directory: --out is a new directory
-    _check_paths({"": checkpoint}, files={"--report": report, **({} if hugging_face else {"--out": out})},
-                 folders={"--out": out} if hugging_face else {})
+    existing = _check_paths({"": checkpoint}, files={"--report": report, **({} if hugging_face else {"--out": out})},
+                            folders={"--out": out} if hugging_face else {})
     try:
         result = truncate(checkpoint, out, analysis=analysis, data=heal_data, eval_data=evaluation, strategy=strategy,
                           keep=keep, max_drop=max_drop, confidence=confidence, budget=budget, train_last=train_last,
@@ -490,7 +524,7 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     if result.report["search"]:
         click.echo(verdict_line(result.report))
     for path in result.paths:
-        click.echo(f"wrote {path}")
+        click.echo(_wrote(path, existing))
     if result.report.get("validate_command"):
         click.echo(f"evaluate it with timm: {result.report['validate_command']}")
 
@@ -517,7 +551,7 @@ def specialize(checkpoint: Path, out: Path, arch: str | None, num_heads: int | N
     from ..io.models import specialize_checkpoint
     from ..specialization.convert import parse_qkv_blocks
 
-    _check_paths({"": checkpoint}, files={"--out": out})
+    existing = _check_paths({"": checkpoint}, files={"--out": out})
 
     report = specialize_checkpoint(checkpoint, out, arch=arch, num_heads=num_heads, norms=norms,
                                    qkv_blocks=parse_qkv_blocks(qkv_blocks), lora_rank=lora_rank,
@@ -525,5 +559,5 @@ def specialize(checkpoint: Path, out: Path, arch: str | None, num_heads: int | N
     click.echo(f"specialised {report['arch']}: {report['options']}")
     click.echo(f"parameters {report['base']:,} + {report['added']:,} prefix-token ({100 * report['fraction']:.2f} %); "
                f"max |output change| at conversion {report['max_abs_diff']:.1e}")
-    click.echo(f"wrote {report['out']}")
+    click.echo(_wrote(report["out"], existing))
 

@@ -55,6 +55,22 @@ def _serve(exporter: PrometheusExporter, seconds: float, echo: Callable[[str], N
         exporter.close()
 
 
+#: The Watch's log in a run directory: the JSON lines files are appended to and TensorBoard adds an event file, so
+#: an earlier run's log would mix with the new one's (in the report, in TensorBoard) unless removed first.
+WATCH_LOG = ("metrics.jsonl", "alerts.jsonl", "events.out.tfevents.*")
+
+
+def _start_afresh(out: Path, echo: Callable[[str], None]) -> None:
+    """Say so when ``out`` holds files (an earlier run's: the new ones replace them), and remove the Watch log
+    (``WATCH_LOG``) they include, so the new run's log starts anew."""
+    if not out.is_dir() or next(out.iterdir(), None) is None:
+        return
+    echo(f"replacing the earlier run in {out}/: files of the same names are replaced, and the Watch's log "
+         "(metrics.jsonl, alerts.jsonl, TensorBoard events) starts anew")
+    for path in sorted({p for pattern in WATCH_LOG for p in out.glob(pattern) if p.is_file()}):
+        path.unlink()
+
+
 def _port_free(port: int) -> bool:
     """Whether the Prometheus endpoint can listen on ``port`` of 127.0.0.1, checked before the demo writes anything
     (the exporter itself only warns: a training run must not die of a busy port, but the demo can say so)."""
@@ -153,6 +169,7 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
     model.to(device)
     options = {"every_n_steps": settings.every_n_steps, "log_dir": str(out), "run_name": "demo",
                "prometheus_port": prometheus_port, **(load_yaml(config).watch if config else {})}
+    _start_afresh(out, echo)
 
     def print_alert(alert: Alert) -> None:
         tqdm.write(f"  [{alert.severity}] step {alert.step}: {alert.kind}: {alert.message}")

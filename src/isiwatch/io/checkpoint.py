@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-from .._utils.files import atomic_write
+from .._utils.files import PathError, atomic_write, check_input
 from .._utils.option_error import OptionError
 
 #: timm model used as the template when a checkpoint names no architecture.
@@ -75,8 +75,10 @@ def sha256_of(path: Path) -> str:
 def read_raw(path: str | Path) -> dict[str, Any]:
     """The checkpoint's top-level mapping, read without running any code."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        check_input(path, kind="checkpoint file", directory=False)  # /dev/null or a FIFO: said so, never read
+    except PathError as exc:
+        raise CheckpointError(str(exc)) from None
     with open(path, "rb") as fh:
         head = fh.read(16)
     if len(head) == 0:

@@ -5,6 +5,7 @@ process 0 alone writes."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,18 @@ if TYPE_CHECKING:  # torch and lightning load when used: the command line import
 DIST_STRATEGIES = ("auto", "ddp", "fsdp")
 #: Precisions ``--precision`` offers (Fabric's names).
 PRECISIONS = ("32", "16-mixed", "bf16-mixed")
+
+
+def launched_on_every_node() -> bool:
+    """Whether a launcher started this job on every node, recognised by its environment variables as Lightning
+    Fabric's cluster environments recognise it: torchrun (TorchElastic), a SLURM job (not an interactive ``bash``
+    allocation, where Fabric starts the processes itself), LSF, Open MPI, or a rendezvous set by hand
+    (``MASTER_ADDR`` with ``NODE_RANK``, Lightning's way without a cluster manager, or ``RANK``, Kubeflow's).
+    Without one, Fabric would start this node's processes and wait for the other nodes for ever."""
+    env = os.environ
+    return ("TORCHELASTIC_RUN_ID" in env or "LSB_JOBID" in env or "OMPI_COMM_WORLD_SIZE" in env
+            or ("SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"))
+            or ("MASTER_ADDR" in env and ("NODE_RANK" in env or "RANK" in env)))
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,10 @@ class FabricOptions:
         if self.devices < 1 or self.num_nodes < 1:
             raise OptionError("{devices} and {num_nodes} must be at least 1, got {devices_value} and {nodes}",
                               devices_value=self.devices, nodes=self.num_nodes)
+        if self.num_nodes > 1 and not launched_on_every_node():
+            raise OptionError("{num_nodes:{nodes}}: no launcher started this job on every node; run it under "
+                              "torchrun or SLURM (srun), or set MASTER_ADDR and NODE_RANK on each node",
+                              nodes=self.num_nodes)
 
     def launch(self) -> Fabric:
         """A launched Fabric: with several devices and no torchrun/SLURM around it, Fabric starts the other

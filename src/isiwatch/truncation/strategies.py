@@ -162,8 +162,8 @@ def choose_blocks(name: str, depth: int, keep: int, *, phases: Phases | None = N
 def check_search_options(max_drop: float, budget: int, confidence: float = DEFAULT_CONFIDENCE,
                          heal_steps: int | None = None, screen_steps: int | None = None) -> None:
     """One-line errors for an impossible request, before any work."""
-    if not max_drop >= 0:
-        raise OptionError("{max_drop} must be at least 0 points, got {value}", value=max_drop)
+    if not 0 <= max_drop < 100:  # 100 points would allow any cut; the depth recommendation needs less
+        raise OptionError("{max_drop} must be at least 0 points and below 100, got {value}", value=max_drop)
     if budget < 1:
         raise OptionError("{budget} must be at least 1 candidate, got {value}", value=budget)
     if not 0 <= confidence < 1:
