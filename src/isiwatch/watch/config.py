@@ -24,6 +24,7 @@ import yaml
 
 from .._utils.files import MAX_CONFIG_BYTES, PathError, check_size
 from ..measure.analysis import METRICS
+from .freezing import FreezePolicy
 from .friction import FRICTION_THRESHOLD
 
 
@@ -66,6 +67,7 @@ class WatchOptions:
     strict: bool = False
     probe_every: int = 1
     overhead_budget: float | None = None
+    freeze_settled: bool | FreezePolicy = False
 
     def __post_init__(self) -> None:
         """Direct construction gets the same type and range checks as YAML and ``Watch(**options)``."""
@@ -168,6 +170,11 @@ def _check(key: str, value: object, where: str = "") -> object:
     """The value of Watch option ``key``, after its type and range checks; ``where`` prefixes errors."""
     if key not in _NAMES:
         raise ConfigError(f"{where}unknown option {quote(key)}")
+    if key == "freeze_settled" and isinstance(value, dict):  # the YAML form of a FreezePolicy
+        try:
+            value = FreezePolicy.from_mapping(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}option 'freeze_settled' {clip(str(exc))}") from None
     allowed = _allowed(_HINTS[key])
     if isinstance(value, bool) and bool not in allowed:
         ok = False

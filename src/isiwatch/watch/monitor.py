@@ -9,6 +9,7 @@ return.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import gc
 import logging
@@ -34,6 +35,8 @@ from .config import WatchOptions, build_options
 from .exporters import Exporter, JsonlExporter, PrometheusExporter, SampleContext, TensorBoardExporter
 from .faults import KIND as FAULT_KIND
 from .faults import FaultLog
+from .freezing import KIND as FREEZE_KIND
+from .freezing import Freezer, policy_of, wrapper_problem
 from .sample import PLATEAU_SERIES, Sample, series_names
 from .stopping import EarlyStopping, PlateauStopping
 
@@ -122,7 +125,11 @@ class Watch:
       carry no probe series), ``overhead_budget`` (opt-in, e.g. 0.005: the Watch stretches its sampling interval,
       in multiples of ``every_n_steps``, to keep its overhead ratio under this fraction of training time, and
       shortens it again, never below ``every_n_steps``, when there is room; each change is logged, and the
-      interval in effect, :attr:`interval`, is saved in :meth:`state_dict`).
+      interval in effect, :attr:`interval`, is saved in :meth:`state_dict`);
+    - acting (experimental, off by default): ``freeze_settled`` (``True`` or a
+      [`FreezePolicy`][isiwatch.watch.freezing.FreezePolicy]): freeze the longest prefix of blocks whose output on
+      the probe batch has settled (`isiwatch.watch.freezing`; each freeze is a ``blocks_frozen`` alert record, the
+      prefix is in [`state_dict`][isiwatch.Watch.state_dict]; `freezer` holds the policy's state).
 
     Every sample measures the Watch's own cost (:attr:`Sample.overhead_s <isiwatch.watch.sample.Sample>` and
     its ratio to the training time between samples), exported as the ``overhead/sample_seconds`` and
@@ -160,6 +167,12 @@ class Watch:
         _check_probe_batch(self._parts, probe_images, probe_labels, opts)
         if opts.log_dir:
             _check_log_dir(Path(opts.log_dir))
+        policy = policy_of(opts.freeze_settled)
+        problem = wrapper_problem(model, self._probe_model) if policy else None
+        if problem:
+            raise ValueError(problem)
+        #: The freeze policy's state and actions (``freeze_settled``), None when it is off.
+        self.freezer = Freezer(self._probe_model, self._parts, policy, probe_images) if policy else None
         self.probe_images = probe_images
         self.probe_labels = probe_labels
         for exporter in exporters:
@@ -379,9 +392,31 @@ class Watch:
             self.stop_reason = reason or "another rank requested the stop"
             self.alerts.dispatch(Alert("early_stop", sample.step, time.time(), self.run, "warning",
                                        f"stopping training: {self.stop_reason}"))
+        if self.freezer is not None:
+            self._freeze(sample.step)
         if self.options.overhead_budget is not None:
             self._fit_budget(sample.overhead_ratio, self.options.overhead_budget)
         return alerts
+
+    def _freeze(self, step: int) -> None:
+        """The freeze policy at this sample; every rank freezes the same prefix at the same step (the smallest
+        any rank asks for), and each freeze is a ``blocks_frozen`` alert record."""
+        assert self.freezer is not None
+        failures: list[Exception] = []
+
+        def failed(exc: Exception) -> None:
+            if self.options.strict:
+                raise exc
+            failures.append(exc)
+            self.faults.failed("freeze policy", step, exc)
+
+        before = self.freezer.frozen
+        plan = self.freezer.update(lambda n: int(-self._max_over_ranks(-float(n))), failed)
+        if not failures:
+            self.faults.recovered("freeze policy", step)
+        if plan is not None:
+            self.alerts.dispatch(Alert(FREEZE_KIND, step, time.time(), self.run, "info",
+                                       self.freezer.message(plan, before), self.freezer.record_data(plan, before)))
 
     def _charge(self, sample: Sample | None, begin: float, measured: float) -> None:
         """Set ``sample``'s overhead (see :class:`~isiwatch.watch.sample.Sample`): its measurement plus the
@@ -444,9 +479,10 @@ class Watch:
     def _analyze(self, batch_size: int, probes: bool) -> Analysis:
         opts = self.options
         labels = self.probe_labels if probes else None
-        return analyze(self._probe_model, self.probe_images, labels, batch_size=batch_size,
-                       with_isi_recon=opts.with_isi_recon, phase_metric=opts.phase_metric,
-                       phase_options={"min_layers": opts.min_layers}, parts=self._parts)
+        with self.freezer.recording() if self.freezer else contextlib.nullcontext():
+            return analyze(self._probe_model, self.probe_images, labels, batch_size=batch_size,
+                           with_isi_recon=opts.with_isi_recon, phase_metric=opts.phase_metric,
+                           phase_options={"min_layers": opts.min_layers}, parts=self._parts)
 
     def _skip(self, global_step: int, failure: Exception | str) -> list[Alert]:
         """A sample that failed (here or on another rank): report it, and disable the Watch after
@@ -491,7 +527,8 @@ class Watch:
                 "stop_reason": self.stop_reason, "tracker": self.tracker.state_dict(),
                 "alerts": self._alert_state(), "stoppers": [s.state_dict() for s in self.stoppers],
                 "plateau_stopper": self.plateau_stopper.state_dict() if self.plateau_stopper else None,
-                "isi_stall": [list(p) for p in self.rules.stall], "interval": self.interval}
+                "isi_stall": [list(p) for p in self.rules.stall], "interval": self.interval,
+                "freezer": self.freezer.state_dict() if self.freezer else None}
 
     def _alert_state(self) -> dict[str, Any]:
         """The alert episodes to resume, less ``monitor_error``: a fault belongs to this process, not the run."""
@@ -533,7 +570,9 @@ class Watch:
             stopper.load_state_dict(sub, f"Watch state['stoppers'][{i}]")
         if plateau_stopper is not None and s["plateau_stopper"] is not None:
             plateau_stopper.load_state_dict(s["plateau_stopper"], "Watch state['plateau_stopper']")
-        # everything is valid: assign
+        # everything is valid: assign (the freezer checks its state before it freezes anything)
+        if self.freezer is not None and state.get("freezer") is not None:  # absent before freeze_settled existed
+            self.freezer.load_state_dict(state["freezer"], "Watch state['freezer']")
         self._rename(run)
         self.last_step, self.should_stop, self.stop_reason = s["last_step"], s["should_stop"], s["stop_reason"]
         self.tracker, self.stoppers, self.plateau_stopper = tracker, stoppers, plateau_stopper
