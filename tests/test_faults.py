@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from prometheus_client import CollectorRegistry
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from isiwatch import Exporter, Watch
+from isiwatch import Exporter, SampleContext, Watch
 from isiwatch.watch.config import ConfigError
 
 
@@ -820,3 +820,64 @@ def test_tensorboards_writer_threads_print_no_traceback_and_other_threads_still_
     assert reached == ["the user's thread"]
     assert ("monitor_error", "exporter TensorBoardExporter") in kinds(records)
     assert "Traceback" not in capsys.readouterr().err
+
+
+# -- NaN on the probe batch: every record is strict JSON, and the clearing names what cleared --------------------
+def strict_json(line):
+    """``json.loads`` that refuses NaN and Infinity, which Python writes by default but JSON does not have."""
+    return json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in {line}"))
+
+
+def test_non_finite_values_are_written_as_null_in_both_logs(tmp_path):
+    """A NaN or infinite number anywhere in a record (an alert's data, a sample's overhead) is written as null, the
+    documented form, so the record is not lost to ``ValueError: Out of range float values``."""
+    from isiwatch import Alert
+    from isiwatch.cli.report import read_run
+    from isiwatch.watch.exporters import JsonlExporter
+    from isiwatch.watch.sample import Sample
+
+    exporter = JsonlExporter(tmp_path)
+    context = SampleContext("r", (), None, frozenset(), {}, False)
+    nan, inf = float("nan"), float("inf")
+    exporter.write_sample(Sample(2, 0.0, {"isi": [0.5, nan]}, None, 0.1, loss=inf, overhead_s=nan,
+                                 overhead_ratio=inf), context)
+    exporter.write_alert(Alert("cls_marginalized", 2, 0.0, "r", "info", "[CLS] probe nan",
+                               {"probe_cls": nan, "nested": [{"x": -inf}, (1.0, nan)]}))
+    exporter.close(context)
+    (sample,) = map(strict_json, (tmp_path / "metrics.jsonl").read_text().splitlines())
+    assert (sample["layers"], sample["loss"], sample["overhead_s"], sample["overhead_ratio"]) == (
+        {"isi": [0.5, None]}, None, None, None)
+    (alert,) = map(strict_json, (tmp_path / "alerts.jsonl").read_text().splitlines())
+    assert alert["data"] == {"probe_cls": None, "nested": [{"x": None}, [1.0, None]]}
+    records = read_run(tmp_path, warn=pytest.fail)
+    assert len(records.samples) == len(records.alerts) == 1
+
+
+def test_nan_on_the_probe_batch_for_a_while_leaves_a_true_alert_log(digits, unwatched, tmp_path):
+    """The probe pass gives NaN at the samples of steps 4 and 6: non_finite opens at 4 and its clearing at 8 names
+    what had been non-finite; the [CLS] alert, undecidable on NaN probes, keeps its episode as it was."""
+    from isiwatch.cli.report import read_run
+
+    x, y, px, py = digits
+    model = tiny_vit()
+    poisoned = set()
+
+    def nan_on_probe(module, inputs, output):
+        return output * float("nan") if inputs[0].shape[0] == 32 and poisoned else None
+
+    model.blocks[1].register_forward_hook(nan_on_probe)
+    records = []
+    watch = Watch(model, px, py, every_n_steps=2, log_dir=tmp_path, heatmap_every=1000, alert_callback=records.append)
+    result = train(model, x, y, 12, watch, lambda step: (poisoned.add(step) if step in (4, 6)
+                                                         else poisoned.clear()))
+    watch.close()
+    assert_unperturbed(result, unwatched)
+    logged = [strict_json(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["kind"], a["step"]) for a in logged] == [(r.kind, r.step) for r in records]  # none lost
+    non_finite = [(a["kind"], a["step"], a["message"]) for a in logged if a["kind"].startswith("non_finite")]
+    assert [entry[:2] for entry in non_finite] == [("non_finite", 4), ("non_finite_cleared", 8)]
+    assert non_finite[1][2].startswith("non_finite cleared (opened at step 4: non-finite values in ")
+    assert non_finite[1][2] != "non_finite cleared (opened at step 4: non-finite values in )"
+    assert not [a for a in logged if a["kind"].startswith(("cls_marginalized", "monitor_error")) and
+                a["step"] in (4, 6)]
+    assert len(read_run(tmp_path, warn=pytest.fail).samples) == 6

@@ -72,7 +72,9 @@ def non_finite(sample: Sample) -> Condition:
     bad = sorted(m for m, vals in sample.layers.items() if not all(math.isfinite(v) for v in vals))
     if sample.loss is not None and not math.isfinite(sample.loss):
         bad.append("loss")
-    return Condition(bool(bad), f"non-finite values in {', '.join(bad)}", {"series": bad})
+    if not bad:  # its clearing names what the episode opened with
+        return Condition(False)
+    return Condition(True, f"non-finite values in {', '.join(bad)}", {"series": bad})
 
 
 def plateau_onset(sample: Sample, tracker: PlateauTracker, metric: str, kind: str = "plateau_onset") -> Condition:
@@ -92,18 +94,21 @@ def plateau_onset(sample: Sample, tracker: PlateauTracker, metric: str, kind: st
 
 
 def cls_marginalized(sample: Sample) -> Condition | None:
-    """The [CLS] probe below the mean-patch probe at the last block; None without both probes."""
+    """The [CLS] probe below the mean-patch probe at the last block; None without both probes, or when either is
+    not finite (probes on NaN features: ``non_finite`` says so, and this episode stays as it was)."""
     layers = sample.layers
     if "probe_cls" not in layers or "probe_patch_mean" not in layers:
         return None
     cls_acc, patch_acc = layers["probe_cls"][-1], layers["probe_patch_mean"][-1]
+    if not (math.isfinite(cls_acc) and math.isfinite(patch_acc)):
+        return None
     return Condition(cls_acc < patch_acc,
                      f"[CLS] probe {cls_acc:.3f} vs mean-patch probe {patch_acc:.3f} at the last block",
                      {"probe_cls": cls_acc, "probe_patch_mean": patch_acc})
 
 
 def norm_friction_high(sample: Sample, threshold: float | None) -> Condition | None:
-    """:func:`~isiwatch.watch.friction.friction_alert` as a condition; None without a threshold or a friction curve."""
+    """[`friction_alert`][isiwatch.friction_alert] as a condition; None without a threshold or a friction curve."""
     if threshold is None or "norm_friction" not in sample.layers:
         return None
     found = friction_alert(sample.layers, threshold)
@@ -178,10 +183,8 @@ class AlertEngine:
                 records.append(self.opened[kind])
             elif not cond.active and kind in self.active:
                 self.active.discard(kind)
-                self.opened.pop(kind, None)
                 records.append(Alert(f"{kind}_cleared", step, now, self.run, "info",
-                                     f"{kind} cleared" + (f": {cond.message}" if cond.message else ""),
-                                     dict(cond.data)))
+                                     _cleared(kind, cond, self.opened.pop(kind, None)), dict(cond.data)))
         records.sort(key=lambda a: not a.kind.endswith("_cleared"))  # a slow start that became a plateau: closed first
         for record in records:
             self.dispatch(record)
@@ -212,6 +215,14 @@ class AlertEngine:
             opened = {kind: Alert(kind, e["step"], float(e["time"]), self.run, ALERT_KINDS[kind], e["message"],
                                   dict(e["data"])) for kind, e in episodes.items()}
         self.active, self.opened = active, opened
+
+
+def _cleared(kind: str, condition: Condition, opened: Alert | None) -> str:
+    """A clearing record's message: the condition's account of the sample that cleared it, else (a rule with
+    nothing to say once it holds no more, as ``non_finite``) the record that opened the episode."""
+    if condition.message:
+        return f"{kind} cleared: {condition.message}"
+    return f"{kind} cleared" + (f" (opened at step {opened.step}: {opened.message})" if opened else "")
 
 
 def _episode(entry: object) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, TextIO
@@ -14,7 +15,8 @@ from .base import Exporter, SampleContext
 
 
 class JsonlExporter(Exporter):
-    """Appends one JSON object per line and flushes, so a crashed run keeps everything written so far.
+    """Appends one JSON object per line and flushes, so a crashed run keeps everything written so far. Every line
+    is strict JSON: a NaN or infinite number is written as ``null``.
 
     Args:
         log_dir: The folder of ``metrics.jsonl`` and ``alerts.jsonl`` (created if missing, by
@@ -47,7 +49,7 @@ class JsonlExporter(Exporter):
     def _write(self, name: str, record: dict[str, Any]) -> None:
         """One line, written whole or not at all: after a failed write (a full disk) the file is closed and
         reopened by the next write, which starts on a new line."""
-        line = json.dumps(record, allow_nan=False) + "\n"
+        line = json.dumps(_finite(record), allow_nan=False) + "\n"
         fh = self._file(name)
         try:
             fh.write(line)
@@ -71,6 +73,18 @@ class JsonlExporter(Exporter):
         files, self._files = self._files, {}
         for fh in files.values():
             fh.close()
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float, at any depth, as None: JSON has no NaN or Infinity, and a diverged
+    loss or a probe on NaN features must not cost the record (``null`` is the documented form)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _truncate_torn_line(path: Path) -> None:
