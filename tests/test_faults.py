@@ -384,6 +384,8 @@ def ddp_run(rank, x, y, px, py, watched):
 
 
 def ddp_worker(rank, port, out):
+    import io
+
     from isiwatch.io.data import embedded_digits
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -391,11 +393,14 @@ def ddp_worker(rank, port, out):
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     x, y = embedded_digits()
     args = (x[:256], y[:256], x[4000:4032], y[4000:4032])
-    plain, watched = ddp_run(rank, *args, watched=False), ddp_run(rank, *args, watched=True)
+    plain = ddp_run(rank, *args, watched=False)
+    sys.stderr = io.StringIO()  # what the Watch prints (the job sets up no logging)
+    watched = ddp_run(rank, *args, watched=True)
+    err, sys.stderr = sys.stderr.getvalue(), sys.__stderr__
     dist.destroy_process_group()
     same = all(torch.equal(plain["state"][k], watched["state"][k]) for k in plain["state"])
     with open(f"{out}/rank{rank}.json", "w") as fh:
-        json.dump({"same": same, "samples": watched["samples"]}, fh)
+        json.dump({"same": same, "samples": watched["samples"], "stderr": err.splitlines()}, fh)
 
 
 def test_a_failure_on_one_rank_makes_every_rank_skip_that_sample(tmp_path):
@@ -403,6 +408,12 @@ def test_a_failure_on_one_rank_makes_every_rank_skip_that_sample(tmp_path):
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert all(r["same"] for r in ranks)  # both ranks trained exactly as without the Watch
     assert ranks[0]["samples"] == ranks[1]["samples"] == [4, 6, 8, 10]  # step 2 skipped on both
+    # rank 0 speaks for the job; rank 1, whose probe pass failed, stays silent (no logging set up there)
+    assert ranks[0]["stderr"] == [
+        "isiwatch: [monitor_error] step 2: probe pass failed (it failed on another rank); the sample's other parts "
+        "and training continue", "isiwatch: [monitor_error_cleared] step 4: probe pass works again after 1 failure "
+        "since step 2"]
+    assert ranks[1]["stderr"] == []
 
 
 def test_a_port_in_use_is_visible_without_logging_set_up(digits, capsys, monkeypatch):

@@ -67,10 +67,14 @@ class FaultLog:
     Args:
         alerts: The Watch's alert engine: it dispatches the records and holds ``monitor_error`` among its open
             kinds while any source is failing.
+        echo: Print each record on stderr when no logging is set up; False on the ranks other than 0 of a
+            distributed job, which stay silent unless the application sets up logging there (rank 0 reports
+            every sample that failed on any rank).
     """
 
-    def __init__(self, alerts: AlertEngine):
+    def __init__(self, alerts: AlertEngine, echo: bool = True):
         self.alerts = alerts
+        self.echo = echo
         #: The record that opened each failing source's episode.
         self.failing: dict[str, Alert] = {}
         #: Failures per source since its episode opened (the first included).
@@ -116,7 +120,8 @@ class FaultLog:
                           {"source": source, "failures": count}))
 
     def report(self, record: Alert) -> None:
-        """Print ``record`` on stderr when no logging is set up, then dispatch it to the Watch's sinks (printed
-        first: a sink may report a failure of its own, whose line then follows this one)."""
-        _to_stderr(f"isiwatch: [{record.kind}] step {record.step}: {record.message}")
+        """Print ``record`` on stderr when no logging is set up (and ``echo``), then dispatch it to the Watch's
+        sinks (printed first: a sink may report a failure of its own, whose line then follows this one)."""
+        if self.echo:
+            _to_stderr(f"isiwatch: [{record.kind}] step {record.step}: {record.message}")
         self.alerts.dispatch(record)

@@ -219,7 +219,7 @@ class Watch:
         if alert_callback is not None:
             sinks.append(self._call_back)
         self.alerts = AlertEngine(self.run, sinks)
-        self.faults = FaultLog(self.alerts)
+        self.faults = FaultLog(self.alerts, echo=self.rank == 0)  # one rank speaks for the job
         self._each("open")  # a backend that cannot open (a full or read-only disk) is reported now, retried later
         #: Set once ``max_consecutive_failures`` samples in a row failed: ``step`` does nothing after that.
         self.disabled = False
