@@ -23,7 +23,7 @@ from isiwatch.measure.boundary_distances import BoundaryDistances, angular_dista
 from isiwatch.measure.phases import Phases
 from isiwatch.truncation.cost import count_flops, forward_flops, measure_latency
 from isiwatch.truncation.healing import train_classifier
-from isiwatch.truncation.strategies import STRATEGIES, CutInputs
+from isiwatch.truncation.strategies import AUTO_STRATEGIES, STRATEGIES, CutInputs, inputs_needed
 from isiwatch.truncation.truncate import choose_blocks, cut_vit, heal, load_split, truncate
 
 ARCH = "vit_tiny_patch16_224"
@@ -174,6 +174,13 @@ def test_every_output_path_differs_from_the_inputs_and_the_other_outputs(timm_ck
     assert result.exit_code == 1 and message in result.output, result.output
     assert result.output.strip().count("\n") == 0
     assert {p.name: digest(p) for p in tmp_path.iterdir()} == before  # nothing written, nothing changed
+
+
+def test_auto_tries_the_registry_entries_with_an_auto_rank_in_rank_order():
+    """A new strategy is one registry entry: its ``auto_rank`` alone decides whether ``auto`` tries it."""
+    ranked = sorted((s for s in STRATEGIES.values() if s.auto_rank is not None), key=lambda s: s.auto_rank)
+    assert AUTO_STRATEGIES == tuple(s.name for s in ranked) == ("bi", "angular", "tail", "plateau")
+    assert inputs_needed("auto") == frozenset().union(*(s.needs for s in ranked)) == {"phases", "distances"}
 
 
 def test_choose_blocks_per_strategy():

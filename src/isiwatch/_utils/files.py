@@ -127,7 +127,7 @@ def atomic_write(path: str | Path) -> Iterator[io.BufferedWriter]:
     """Yield a binary file that replaces ``path`` only when the block succeeds; nothing is left otherwise.
 
     Any OSError on the way (a full disk, no permission), even one a writer such as torch.save wraps in its own
-    exception, is raised as :class:`WriteError` naming ``path``; the temporary file is removed.
+    exception, is raised as `WriteError` naming ``path``; the temporary file is removed.
     """
     path = Path(path)
     tmp: str | None = None

@@ -31,8 +31,8 @@ class _Names(dict[str, object]):
 class OptionError(ValueError):
     """An impossible option value or combination, refused in one line.
 
-    ``template`` is a :meth:`str.format` string whose fields are either ``values`` (paths, numbers) or option
-    names (``{keep}``, ``{strategy:'auto'}``); ``str()`` names them as Python parameters and :meth:`worded` with
+    ``template`` is a `str.format` string whose fields are either ``values`` (paths, numbers) or option
+    names (``{keep}``, ``{strategy:'auto'}``); ``str()`` names them as Python parameters and `worded` with
     the command line's flags, so one check serves both.
     """
 

@@ -35,7 +35,7 @@ def current_load() -> float:
 
 def set_torch_threads(threads: int | None = None) -> int:
     """Set torch's intra-op threads and return the count: ``threads`` when given, else ``OMP_NUM_THREADS``
-    when set, else :func:`choose_threads` for this machine now."""
+    when set, else `choose_threads` for this machine now."""
     import torch
 
     if threads is None:
@@ -46,6 +46,6 @@ def set_torch_threads(threads: int | None = None) -> int:
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
-    """``--threads N`` for a benchmark script; pass ``args.threads`` to :func:`set_torch_threads`."""
+    """``--threads N`` for a benchmark script; pass ``args.threads`` to `set_torch_threads`."""
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: the idle cores now, see isiwatch._utils.threads)")

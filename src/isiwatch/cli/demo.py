@@ -1,6 +1,6 @@
 """``isiwatch demo``: the whole product in one command, on the embedded MNIST digits.
 
-Trains a small timm ViT with :class:`Watch` attached (TensorBoard events, ``metrics.jsonl``,
+Trains a small timm ViT with [`Watch`][isiwatch.Watch] attached (TensorBoard events, ``metrics.jsonl``,
 ``alerts.jsonl``, a Prometheus endpoint on 127.0.0.1 while it runs), analyses the trained model on the
 held-out digits (``analysis.json`` with the recommended depth, ``curves.png``), truncates it to the
 cheapest healed depth whose accuracy drop is certified within the demo's stated bound (``truncate --strategy
@@ -118,7 +118,7 @@ def explicit_attention(model: nn.Module) -> Iterator[None]:
 @dataclass(frozen=True)
 class DemoSettings:
     """Model depth, training epochs (32 steps each) and peak learning rate, sampling interval, and the cut:
-    ``max_drop`` (points; certified at :data:`DEFAULT_CONFIDENCE` over ``cut_budget`` + 1 bounds on the 500
+    ``max_drop`` (points; certified at `DEFAULT_CONFIDENCE` over ``cut_budget`` + 1 bounds on the 500
     validation digits, where even a perfect cut's bound is about 1 point), the candidates ``truncate --strategy
     auto`` may screen, the screening and full healing steps, and whether healing distils the uncut model's logits
     (a healed cut that copies the uncut model's answers has few discordant images, so a tight bound)."""
@@ -146,7 +146,7 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
              prometheus_port: int | None = PROMETHEUS_PORT, serve: float = 0, seed: int = 0,
              echo: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:
     """Train with Watch, analyse, truncate, report; returns a summary dict (``phase_seconds``: wall seconds of data,
-    the Watch, training alone, evaluation, analysis, truncate and report; :class:`PhaseClock`). ``config``: Watch
+    the Watch, training alone, evaluation, analysis, truncate and report; `PhaseClock`). ``config``: Watch
     options (isiwatch.yaml) that override the demo's defaults. ``serve``: seconds to keep the Prometheus endpoint up
     after the demo has finished (it then stays up from training on), so a scraping Prometheus sees open alert
     episodes long enough for rules with a ``for:`` delay to fire; 0 closes it when training ends. ``progress``:

@@ -17,8 +17,8 @@ from ..measure.plots import plot_curves
 
 
 def analysis_record(analysis: Analysis) -> dict[str, Any]:
-    """The ``analysis.json`` content: :meth:`Analysis.to_dict` plus ``recommendation``, the depth
-    :func:`~isiwatch.measure.depth.recommend_depth` reads from the curves (``Analysis.from_dict`` ignores it)."""
+    """The ``analysis.json`` content: [`Analysis.to_dict`][isiwatch.Analysis.to_dict] plus ``recommendation``, the depth
+    [`recommend_depth`][isiwatch.recommend_depth] reads from the curves (``Analysis.from_dict`` ignores it)."""
     return {**analysis.to_dict(), "recommendation": recommend_depth(analysis).to_dict()}
 
 
@@ -40,12 +40,12 @@ def analyze_checkpoint(
     echo: Callable[[str], None] | None = None,
     workers: int = DEFAULT_WORKERS,
 ) -> tuple[Analysis, list[Path]]:
-    """Analyse a checkpoint; with ``out``, write ``analysis.json`` and ``curves.png`` there (:func:`write_analysis`).
+    """Analyse a checkpoint; with ``out``, write ``analysis.json`` and ``curves.png`` there (`write_analysis`).
 
-    ``arch`` and ``num_heads`` resolve checkpoints that do not record them (:func:`load_checkpoint`). When
+    ``arch`` and ``num_heads`` resolve checkpoints that do not record them (`load_checkpoint`). When
     ``data`` holds fewer than ``images`` images, all of them are used, the model info records that count and
     ``echo`` (if given) receives a one-line note saying so. Images are preprocessed as timm's ``validate.py`` would
-    for this checkpoint (:func:`~isiwatch.io.timm_data.resolve_data_config`; ``mean``/``std`` override the
+    for this checkpoint (`resolve_data_config`; ``mean``/``std`` override the
     normalisation), read by ``workers`` DataLoader processes; the model info records the preprocessing and which
     weights were read (EMA or not).
     """
@@ -73,7 +73,7 @@ def analyze_checkpoint(
 
 
 def write_analysis(result: Analysis, out: str | Path) -> list[Path]:
-    """Write ``analysis.json`` and ``curves.png`` to ``out`` together (:func:`~isiwatch._utils.files.atomic_files`).
+    """Write ``analysis.json`` and ``curves.png`` to ``out`` together (`atomic_files`).
 
     Both are staged first and moved into place only when both were written, ``analysis.json`` last: a failure,
     full disk or kill while writing never leaves one without the other, and a new ``analysis.json`` means its

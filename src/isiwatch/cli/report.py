@@ -137,7 +137,7 @@ def _truncation(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_run(run_dir: str | Path, warn: Warn | None = None) -> RunRecords:
-    """Read and check everything :func:`write_report` uses; a problem raises ValueError naming the file (and
+    """Read and check everything `write_report` uses; a problem raises ValueError naming the file (and
     line). ``warn`` receives one-line notes (default: a Python warning)."""
     run_dir = Path(run_dir)
     warn = warn or _python_warning
@@ -343,8 +343,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, warn: Warn 
     """Write the plots and ``report.html`` (images embedded, no external files) to ``out``
     (default ``RUN_DIR/report``); returns the written paths.
 
-    Every input is read and checked first (:func:`read_run`), and the files are staged and moved into ``out``
-    together (:func:`~isiwatch._utils.files.atomic_files`): a bad input or a failure on the way writes nothing.
+    Every input is read and checked first (`read_run`), and the files are staged and moved into ``out``
+    together (`atomic_files`): a bad input or a failure on the way writes nothing.
     """
     records = read_run(run_dir, warn)
     out = Path(out) if out is not None else records.run_dir / "report"

@@ -27,7 +27,7 @@ class LossTap:
     """The training loss of the last optimizer step, read from a module's outputs through a forward hook, for
     loops that do not hand the loss to their callbacks (transformers' Trainer, timm's train.py).
 
-    Under gradient accumulation a step has several forwards; :meth:`take` combines their losses as the loop
+    Under gradient accumulation a step has several forwards; `take` combines their losses as the loop
     itself reports them: summed when the loop passed ``num_items_in_batch`` (transformers then divides each
     micro-batch's summed loss by the tokens of the whole step, so each is a partial sum), else averaged.
     Outputs without a loss (the probe pass, plain logits) and forwards in eval mode (an evaluation loop) are
@@ -94,7 +94,7 @@ class WatchSlot:
 
     @property
     def opened(self) -> Watch:
-        """The Watch of the run (created by :meth:`open`; the framework calls ``open`` before any step)."""
+        """The Watch of the run (created by `open`; the framework calls ``open`` before any step)."""
         if self.watch is None:
             raise RuntimeError("isiwatch: the framework stepped before it handed over the model")
         return self.watch

@@ -26,12 +26,12 @@ def network(pl_module: pl.LightningModule) -> nn.Module:
 
 
 class ISIWatchCallback(pl.Callback):
-    """Samples the LightningModule's ViT (:func:`network`) every ``every_n_steps`` optimizer steps
+    """Samples the LightningModule's ViT (`network`) every ``every_n_steps`` optimizer steps
     (``trainer.global_step``, read on the batch that completes an optimizer step, so under gradient accumulation
     neither step 0 nor the accumulating batches), and once more at the end of training if the last step was
     not sampled.
 
-    ``watch_options`` are :class:`isiwatch.Watch`'s keyword arguments (``every_n_steps``, ``log_dir``,
+    ``watch_options`` are [`isiwatch.Watch`][isiwatch.Watch]'s keyword arguments (``every_n_steps``, ``log_dir``,
     ``monitor``, ``stop_on_plateau``, ``config``, ...). On each sample the ``isiwatch/*`` summary goes to every
     logger of the trainer and the full curves to isiwatch's own exporters; a stop request sets
     ``trainer.should_stop``, which Lightning honours after the current batch (every rank decides the same

@@ -1,9 +1,9 @@
 """isiwatch in timm's ``train.py`` with a two-line patch (see README, Integrations).
 
 train.py calls ``optimizer.step()`` once per update and wraps its epoch loop in ``try: ... except
-KeyboardInterrupt``, so :class:`TrainScriptWatch` needs no edit of the loop itself: an optimizer step
+KeyboardInterrupt``, so `TrainScriptWatch` needs no edit of the loop itself: an optimizer step
 hook counts updates and samples, a forward hook on the task reads the loss, and a stop request raises
-:class:`StopTraining` (a ``KeyboardInterrupt``) on every rank at the same update.
+`StopTraining` (a ``KeyboardInterrupt``) on every rank at the same update.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ STATE_KEY = "isiwatch"
 
 
 def saved_watch_state(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The Watch state a train.py checkpoint carries (:class:`TrainScriptWatch`), or None when it has none (a
+    """The Watch state a train.py checkpoint carries (`TrainScriptWatch`), or None when it has none (a
     checkpoint written without isiwatch). Loaded with ``weights_only=True`` (train.py's ``args`` Namespace
     allowed, as timm does) and memory-mapped, so the tensors are not read."""
     with torch.serialization.safe_globals([argparse.Namespace]):
@@ -54,7 +54,7 @@ def probe_batch(loader: Iterable[Any], count: int = 256) -> tuple[Tensor, Tensor
     normalised (by the prefetcher when there is one), on the loader's device. Under DDP each rank reads its
     own shard of the eval set; the stop decision is agreed all the same.
 
-    Training is not perturbed: the loader is read without its own iterator (:func:`_batches`) and the torch
+    Training is not perturbed: the loader is read without its own iterator (`_batches`) and the torch
     (CPU, current CUDA device), Python and numpy RNG states are restored afterwards."""
     images, labels, seen = [], [], 0
     with _rng_restored():
@@ -102,7 +102,7 @@ def _rng_restored() -> Iterator[None]:
 
 
 class TrainScriptWatch:
-    """A :class:`isiwatch.Watch` on ``task``'s trainable module, sampled after every ``optimizer`` step.
+    """A [`isiwatch.Watch`][isiwatch.Watch] on ``task``'s trainable module, sampled after every ``optimizer`` step.
 
     ``task``: a timm ``TrainingTask`` (train.py ≥ 1.0.2x; its output dict carries the loss) or the model
     itself (older train.py; no loss then). ``start_step``: updates already done when resuming
@@ -111,7 +111,7 @@ class TrainScriptWatch:
     and at interpreter exit; closing samples the last update if it was not sampled (``Watch.close``).
 
     The Watch state (run name, alert episodes, onset tracking, early stopping) rides in the optimizer's state
-    dict under :data:`STATE_KEY`, so every checkpoint train.py's ``CheckpointSaver`` writes carries it, and
+    dict under `STATE_KEY`, so every checkpoint train.py's ``CheckpointSaver`` writes carries it, and
     ``resume`` (train.py's ``args.resume``: a checkpoint path, or empty) restores it: the resumed run keeps its
     name and its open episodes. (train.py restores the optimizer before the patch runs, so the state is read
     from the file, ``weights_only``.)

@@ -21,13 +21,13 @@ class ISIWatchCallback(TrainerCallback, ExportableState):
     """Samples the Trainer's model every ``every_n_steps`` optimizer steps (``state.global_step``), and once more
     at the end of the last epoch if the last step was not sampled.
 
-    ``watch_options`` are :class:`isiwatch.Watch`'s keyword arguments; the per-layer curves, alerts and summaries
-    go to isiwatch's own exporters (``log_dir``: TensorBoard, ``metrics.jsonl``, ``alerts.jsonl``; Prometheus).
-    The Trainer's own logs (its console lines, ``state.log_history`` and its reporters) are left alone unless
-    ``log_summary`` asks: ``True`` adds :data:`SUMMARY_SERIES` of the latest sample as ``isiwatch/<series>`` to
+    ``watch_options`` are [`isiwatch.Watch`][isiwatch.Watch]'s keyword arguments; the per-layer curves, alerts and
+    summaries go to isiwatch's own exporters (``log_dir``: TensorBoard, ``metrics.jsonl``, ``alerts.jsonl``;
+    Prometheus). The Trainer's own logs (its console lines, ``state.log_history`` and its reporters) are left alone
+    unless ``log_summary`` asks: ``True`` adds `SUMMARY_SERIES` of the latest sample as ``isiwatch/<series>`` to
     the Trainer's next regular log row (``logging_steps``; no extra rows), a sequence names other series
     (``"isi/mean"``, ``"loss"``, ... from ``watch.series_names``). Reporters (TensorBoard, W&B, ...) run before
-    user callbacks, so attach with :func:`add_callback` for them to see it. A stop request sets
+    user callbacks, so attach with `add_callback` for them to see it. A stop request sets
     ``control.should_training_stop``. The Watch state is saved in ``trainer_state.json`` (``ExportableState``)
     and restored on ``train(resume_from_checkpoint=...)``.
     """

@@ -204,7 +204,7 @@ def _stats(path: Path, name: str, value: object) -> tuple[float, ...]:
 
 def _data_config(path: Path, raw: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     """The data config of the training run: timm ``train.py``'s ``args`` that set its preprocessing and train-time
-    augmentation (:data:`~DATA_ARGS`, :data:`AUGMENT_ARGS`; None or ''
+    augmentation (`DATA_ARGS`, `AUGMENT_ARGS`; None or ''
     means "the model's default" there), with isiwatch's own recorded statistics when the args have none; a
     ``source`` names where ``mean``/``std`` came from."""
     args = raw.get("args")
@@ -243,7 +243,7 @@ def _strip_prefix(state: dict[str, Tensor]) -> dict[str, Tensor] | None:
     return model
 
 
-#: Dimensions of the tensors whose shapes :func:`infer_vit_kwargs` reads.
+#: Dimensions of the tensors whose shapes `infer_vit_kwargs` reads.
 _NDIM = {"patch_embed.proj.weight": 4, "blocks.0.mlp.fc1.weight": 2, "head.weight": 2, "pos_embed": 3,
          "cls_token": 3, "reg_token": 3, "dist_token": 3}
 
@@ -352,14 +352,14 @@ def _default_config(name: str) -> dict[str, int] | str:
 
 
 def arch_config(name: str) -> dict[str, int] | None:
-    """The :data:`_ARCH_KEYS` of timm's default config for ``name``; None when it names no timm ViT."""
+    """The `_ARCH_KEYS` of timm's default config for ``name``; None when it names no timm ViT."""
     config = _default_config(name)
     return dict(config) if isinstance(config, dict) else None
 
 
 def _described(config: Mapping[str, int], recorded: Mapping[str, Any]) -> dict[str, Any]:
-    """What ``timm.create_model(name, **recorded)`` would have, for the :data:`_ARCH_KEYS`, from ``config``
-    (``name``'s :func:`arch_config`)."""
+    """What ``timm.create_model(name, **recorded)`` would have, for the `_ARCH_KEYS`, from ``config``
+    (``name``'s `arch_config`)."""
     described: dict[str, Any] = dict(config)
     for key in _ARCH_KEYS:
         value = recorded.get(key)
@@ -369,7 +369,7 @@ def _described(config: Mapping[str, int], recorded: Mapping[str, Any]) -> dict[s
 
 
 def _mismatch(claim: Mapping[str, object], actual: Mapping[str, object]) -> tuple[str, str] | None:
-    """The :data:`_ARCH_KEYS` on which ``claim`` and ``actual`` differ, as two lists, or None."""
+    """The `_ARCH_KEYS` on which ``claim`` and ``actual`` differ, as two lists, or None."""
     keys = [key for key in _ARCH_KEYS if actual.get(key) is not None and claim[key] != actual[key]]
     if not keys:
         return None
@@ -380,7 +380,7 @@ def _mismatch(claim: Mapping[str, object], actual: Mapping[str, object]) -> tupl
 def _is_other_family(name: str) -> bool:
     """Whether timm's ``name`` is a ViT the taps read (EVA, BEiT, CaiT, relpos, NaFlexViT, parallel blocks…) other
     than a VisionTransformer of plain pre-norm Blocks, whose keyword arguments the tensor shapes imply
-    (:func:`infer_vit_kwargs`). Unknown names and non-ViTs are not, so that the usual path names the problem."""
+    (`infer_vit_kwargs`). Unknown names and non-ViTs are not, so that the usual path names the problem."""
     import timm
     from timm.models.vision_transformer import Block, VisionTransformer
 
@@ -506,8 +506,8 @@ def save_checkpoint(path: str | Path, arch: str, model_kwargs: dict[str, Any], s
                     metadata: dict[str, Any] | None = None, fmt: str = "pt") -> Path:
     """Write an isiwatch checkpoint atomically as a torch pickle of plain types or as safetensors.
 
-    Both formats go through :func:`~isiwatch._utils.files.atomic_write`'s file, so a full disk is reported as
-    ``PATH: cannot write (No space left on device)`` (a :class:`~isiwatch._utils.files.WriteError`) and leaves no file.
+    Both formats go through `atomic_write`'s file, so a full disk is reported as
+    ``PATH: cannot write (No space left on device)`` (a `WriteError`) and leaves no file.
     """
     if fmt not in ("pt", "safetensors"):
         raise ValueError(f"unknown checkpoint format {fmt!r} (use 'pt' or 'safetensors')")

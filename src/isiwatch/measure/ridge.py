@@ -30,7 +30,7 @@ class RidgeFit:
     spectrum: tuple[Tensor, Tensor, Tensor] | None = None
 
     def predict(self, x: Tensor) -> Tensor:
-        """(K,m,D) features → (K,m,C) predictions (a transposed view: formed target-major, as in :func:`fit_ridge`)."""
+        """(K,m,D) features → (K,m,C) predictions (a transposed view: formed target-major, as in `fit_ridge`)."""
         xs = (x - self.mean) / self.scale
         return (self.weights.transpose(1, 2) @ xs.transpose(1, 2) + self.bias.transpose(1, 2)).transpose(1, 2)
 

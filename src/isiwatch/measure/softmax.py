@@ -1,13 +1,13 @@
 """Multinomial logistic-regression probes for K problems at once, refined from a ridge fit.
 
-Ridge regression on one-hot labels (:mod:`isiwatch.measure.ridge`) is one closed-form solve for every layer and feature
+Ridge regression on one-hot labels (`isiwatch.measure.ridge`) is one closed-form solve for every layer and feature
 kind, but it reads 2–5 accuracy points below logistic regression at some layers. A few batched
 preconditioned conjugate-gradient steps on the softmax cross-entropy close that gap. They run in the ridge fit's
 SVD basis of the standardised training features, where the Gram matrix is diagonal (s²/n). The preconditioner is
 the Kronecker-factored Hessian ``diag(s²/n) ⊗ W̄ + λ`` (W̄: the softmax covariance ``diag(p) − ppᵀ`` averaged over
 the training rows, C×C), inverted through W̄'s eigendecomposition; directions combine Polak–Ribière style, and
 each problem moves along its own direction by the exact one-dimensional Newton step (slope over curvature of the
-objective along it, capped at :data:`MAX_STEP`). A fixed number of steps and no per-problem branch; on CUDA the
+objective along it, capped at `MAX_STEP`). A fixed number of steps and no per-problem branch; on CUDA the
 only host–device synchronisation is each step's batched C×C ``eigh`` checking its result (one per step for all
 problems, never per layer). Tensors are class-major, (K,C,n): with few classes, products with n columns are
 several times faster than products with C columns.
@@ -57,7 +57,7 @@ def _preconditioned(grad: tuple[Tensor, Tensor], p: Tensor, curvature: Tensor, l
 
 
 def fit_softmax(fit: RidgeFit, target: Tensor, steps: int = SOFTMAX_STEPS) -> RidgeFit:
-    """Refine ``fit`` (from :func:`isiwatch.measure.ridge.fit_ridge` on one-hot ``target`` (n,C)) into multinomial
+    """Refine ``fit`` (from `isiwatch.measure.ridge.fit_ridge` on one-hot ``target`` (n,C)) into multinomial
     logistic regressions; returns the same linear form, whose ``predict`` gives logits.
 
     The penalty is scikit-learn's ``LogisticRegression`` default (C = 1: ``|W|²/2`` against the summed loss,

@@ -1,2 +1,3 @@
-"""Token specialisation of a timm ViT: prefix-token norms and QKV (:mod:`.convert`) built from token-split layers
-(:mod:`.token_split`). Transforms models only; checkpoint files of specialised models are in :mod:`isiwatch.io`."""
+"""Token specialisation of a timm ViT: prefix-token norms and QKV (`isiwatch.specialization.convert`) built from
+token-split layers (`isiwatch.specialization.token_split`). Transforms models only; checkpoint files of specialised
+models are in `isiwatch.io`."""

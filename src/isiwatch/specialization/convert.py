@@ -7,9 +7,9 @@ blocks (the paper: the first third) gets a prefix-token copy or a LoRA update. A
 tokens, the projections' FLOPs are unchanged, and at conversion the model computes the same function.
 
 A specialised checkpoint records its options under the ``specialize`` metadata key;
-:func:`isiwatch.io.models.build_model` re-applies them (``apply_recorded``) before loading the weights strictly,
+`isiwatch.io.models.build_model` re-applies them (``apply_recorded``) before loading the weights strictly,
 so ``isiwatch analyze`` loads it like any other isiwatch checkpoint. Reading and writing checkpoint files of
-specialised models (``apply_recorded``, ``save_specialized``, ``load_specialized``) is in :mod:`isiwatch.io.models`:
+specialised models (``apply_recorded``, ``save_specialized``, ``load_specialized``) is in `isiwatch.io.models`:
 this module transforms models and reads no files.
 """
 
@@ -27,10 +27,10 @@ from torch import nn
 from ..taps import vit_parts
 from .token_split import PrefixSplit, TokenLayerNorm, TokenLayerScale, TokenLinear
 
-#: Metadata key under which a specialised checkpoint records its :class:`SpecializeOptions`.
+#: Metadata key under which a specialised checkpoint records its `SpecializeOptions`.
 SPECIALIZE_KEY = "specialize"
 FIRST_THIRD = "first_third"
-#: Largest output change at conversion accepted by :func:`specialize_checkpoint` (fp32).
+#: Largest output change at conversion accepted by `specialize_checkpoint` (fp32).
 EXACTNESS_TOLERANCE = 1e-5
 
 QkvBlocks = str | int | Sequence[int] | None
@@ -170,7 +170,8 @@ def specialization(model: nn.Module) -> SpecializeOptions | None:
 
 
 def parameter_overhead(model: nn.Module) -> dict[str, float]:
-    """Prefix-token parameters added by :func:`specialize`: counts and the fraction of the base model."""
+    """Prefix-token parameters added by [`specialize`][isiwatch.specialize]: counts and the fraction of the base
+    model."""
     added = sum(p.numel() for n, p in model.named_parameters() if n.rsplit(".", 1)[-1].startswith("prefix_"))
     total = sum(p.numel() for p in model.parameters())
     return {"base": total - added, "added": added, "fraction": added / (total - added)}

@@ -2,7 +2,8 @@
 
 One adapter module per family (``timm_vit``, ``timm_eva``, ``timm_beit``, ``timm_cait``, ``hf_vit``,
 ``hf_clip``) says where each block's X, norm1(X), attention branch, attention scores and output Z come from
-and documents what they mean for that family; :mod:`.registry` picks the adapter, :mod:`.tap` runs the pass.
+and documents what they mean for that family; `isiwatch.taps.registry` picks the adapter, `isiwatch.taps.tap` runs the
+pass.
 """
 
 from .attention import AttentionScores

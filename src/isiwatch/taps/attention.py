@@ -2,7 +2,7 @@
 
 Families compute q and k differently (rotary embeddings applied inside EVA's forward, relative position
 biases in BEiT and the relpos ViTs, grouped k/v heads, talking heads in CaiT), so the tap does not rebuild
-q/k from module outputs. Instead :class:`AttentionRecorder`, a ``TorchFunctionMode`` switched on only
+q/k from module outputs. Instead `AttentionRecorder`, a ``TorchFunctionMode`` switched on only
 inside a block's attention modules, takes the arguments of ``F.scaled_dot_product_attention`` (q, k, v, mask,
 scale) or, on unfused paths, the input of the softmax over keys. A plain call (no mask, not causal, no dropout,
 as many k/v heads as q heads: most families' eval pass; a relative position bias arrives as a mask) is answered
@@ -120,7 +120,7 @@ class AttentionScores:
         return s
 
     def row_stats(self) -> AttentionRows:
-        """Per-row softmax entropy and weight on key 0 (:class:`AttentionRows`), formed chunk by chunk (the
+        """Per-row softmax entropy and weight on key 0 (`AttentionRows`), formed chunk by chunk (the
         shift is made in place in scores formed for a chunk, never in the model's own logits)."""
         if self.rows is not None:
             return self.rows
@@ -169,7 +169,7 @@ def _plain(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None =
 def _attend(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
             is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False
             ) -> tuple[Tensor, AttentionScores]:
-    """A plain (:func:`_plain`) attention computed in fp32 chunk by chunk: its output, in the query's dtype, and
+    """A plain (`_plain`) attention computed in fp32 chunk by chunk: its output, in the query's dtype, and
     its row statistics."""
     q, k, v = query.float(), key.float(), value.float()
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
@@ -193,7 +193,7 @@ def _softmax_over_keys(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor 
 
 
 class AttentionRecorder(TorchFunctionMode):
-    """Records :class:`AttentionScores` while :attr:`active`: answers plain attention calls itself (see the module
+    """Records `AttentionScores` while `active`: answers plain attention calls itself (see the module
     docstring) and passes every other call through unchanged."""
 
     def __init__(self) -> None:

@@ -1,6 +1,7 @@
 """What the tap needs to know about a model: its blocks and, per block, where X, norm1(X), the attention
 branch, the attention scores and the output Z come from. Each family adapter (one module per family in
-this package) builds these descriptions; :func:`custom_parts` lets a user describe any other pre-norm ViT.
+this package) builds these descriptions; [`custom_parts`][isiwatch.custom_parts] lets a user describe any other pre-norm
+ViT.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class ViTParts:
 
     ``patch_embed``: module whose output is the patch embedding E before positional encoding (None when the
     model has none); ``embed_tokens`` turns that output into (B,N,D) tokens; ``num_prefix_tokens`` / ``has_cls``
-    describe the model's token sequence (the blocks may see fewer, see :class:`BlockParts`);
+    describe the model's token sequence (the blocks may see fewer, see `BlockParts`);
     ``droppable_blocks``: how many leading blocks truncation may drop (None: all; CaiT: its self-attention blocks);
     ``fixed_block_positions``: why a block cannot move to another index when others are dropped (None: it can).
     """

@@ -1,5 +1,5 @@
 """Which family adapter describes a model. The next family is one new module with a ``parts(model)`` function
-(a :class:`~.parts.ViTParts`, or None when the model is not of that family) added to :data:`ADAPTERS`."""
+(a `ViTParts`, or None when the model is not of that family) added to `ADAPTERS`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One probe pass that streams each block's tensors to a consumer.
 
-The hooks live only for the duration of :meth:`Tap.capture`; the consumer sees one block at a time, so
-memory does not grow with depth. Attention scores come from :class:`~.attention.AttentionRecorder`, so the
+The hooks live only for the duration of `Tap.capture`; the consumer sees one block at a time, so
+memory does not grow with depth. Attention scores come from `AttentionRecorder`, so the
 model's fused attention stays on.
 """
 

@@ -38,7 +38,7 @@ def block_list(model: nn.Module) -> nn.Sequential | nn.ModuleList:
 
 
 def with_blocks(model: nn.Module, path: str, blocks: list[nn.Module]) -> None:
-    """Put ``blocks`` at ``path`` (:func:`block_path`) in a container of the same type, and record the new depth in
+    """Put ``blocks`` at ``path`` (`block_path`) in a container of the same type, and record the new depth in
     a transformers config so that ``save_pretrained`` / ``from_pretrained`` rebuild it."""
     parent_path, _, name = path.rpartition(".")
     container = model.get_submodule(path)

@@ -54,7 +54,7 @@ def _seconds(model: nn.Module, x: Tensor) -> float:
 def measure_latency(models: Mapping[str, nn.Module], images: Tensor, *, warmup: int = 3,
                     rounds: int = 20) -> dict[str, float]:
     """Median wall time in milliseconds of one eval-mode forward pass over ``images`` for each model
-    (:func:`latency_samples`)."""
+    (`latency_samples`)."""
     return {name: statistics.median(values)
             for name, values in latency_samples(models, images, warmup=warmup, rounds=rounds).items()}
 

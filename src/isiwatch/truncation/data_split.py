@@ -1,6 +1,6 @@
 """The images of a truncation, streamed: healing, validation and test DataLoaders over timm datasets (or the
 embedded digits, tensors or a caller's DataLoader), healing under timm's train-time transform and evaluation
-under its eval transform (:mod:`isiwatch.io.timm_data`), each set up by Fabric when one runs them (a shard per
+under its eval transform (`isiwatch.io.timm_data`), each set up by Fabric when one runs them (a shard per
 process). Only labels are held in memory."""
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ if TYPE_CHECKING:
     from lightning_fabric import Fabric
 
 #: Healing and evaluation images: ``"mnist"`` (the embedded digits), a folder tree or tar file timm reads, a split
-#: of a dataset timm's readers read (:class:`~isiwatch.io.timm_data.TimmDataset`), model-ready ``(images, labels)``
+#: of a dataset timm's readers read (`TimmDataset`), model-ready ``(images, labels)``
 #: tensors or a DataLoader of such batches.
 Data = str | Path | TimmDataset | tuple[Tensor, Tensor] | DataLoader[Any]
-#: The forms of :data:`Data` read from a name, a folder or a timm dataset (preprocessed by isiwatch).
+#: The forms of `Data` read from a name, a folder or a timm dataset (preprocessed by isiwatch).
 NAMED = (str, Path, TimmDataset)
 #: Share of a single source held out (halved into validation and test).
 HELD_OUT_FRACTION = 0.2
@@ -138,7 +138,7 @@ def load_split(model: nn.Module, data: Data, eval_data: Data | None = None, conf
                batch_size: int = DEFAULT_BATCH_SIZE, workers: int = DEFAULT_WORKERS, seed: int = 0,
                fabric: Fabric | None = None) -> Split:
     """Healing, validation and test images; those read from a name or a folder are preprocessed as ``config``
-    says (default: :func:`~isiwatch.io.timm_data.resolve_data_config` of the model alone), tensors and
+    says (default: `resolve_data_config` of the model alone), tensors and
     DataLoaders are taken as they are (model-ready; a DataLoader's batch size and workers are kept).
 
     With ``eval_data``, or when ``data`` has ``train/`` and ``validation/`` (or ``val/``) sub-folders (timm

@@ -39,8 +39,8 @@ def launched_on_every_node() -> bool:
 @dataclass(frozen=True)
 class FabricOptions:
     """Where healing and evaluation run, in Lightning Fabric's terms: ``accelerator`` ("cpu", "cuda", "auto"),
-    ``devices`` per node, ``num_nodes``, ``strategy`` (:data:`DIST_STRATEGIES`) and ``precision``
-    (:data:`PRECISIONS`; None: bf16-mixed on CUDA, else 32)."""
+    ``devices`` per node, ``num_nodes``, ``strategy`` (`DIST_STRATEGIES`) and ``precision``
+    (`PRECISIONS`; None: bf16-mixed on CUDA, else 32)."""
 
     accelerator: str = "auto"
     devices: int = 1
@@ -89,7 +89,7 @@ class FabricOptions:
 
 class ShardedLoader:
     """A DataLoader set up by ``fabric``: each process iterates its shard (a ``DistributedSampler`` when there are
-    several), batches already on ``fabric.device``; :meth:`gather` puts per-image results back in dataset order."""
+    several), batches already on ``fabric.device``; `gather` puts per-image results back in dataset order."""
 
     def __init__(self, fabric: Fabric, loader: DataLoader[Any]):
         self.fabric, self.size = fabric, len(loader.dataset)  # type: ignore[arg-type]

@@ -43,14 +43,14 @@ def make_digits_vit(seed: int = 0, **overrides: Any) -> tuple[nn.Module, dict[st
 
 
 #: What predictions and healing read: model-ready images (a tensor), a DataLoader of ``(images, labels)`` batches or
-#: one set up by Fabric (:class:`~isiwatch.truncation.engine.ShardedLoader`).
+#: one set up by Fabric (`ShardedLoader`).
 Images = Tensor | DataLoader[Any] | ShardedLoader
 
 
 @torch.no_grad()
 def predict(model: nn.Module, images: Images, batch_size: int = 500) -> Tensor:
     """Class predictions in eval mode (the model's mode is restored), in the images' order: every process's shard
-    gathered for a :class:`~isiwatch.truncation.engine.ShardedLoader`."""
+    gathered for a `ShardedLoader`."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -67,7 +67,7 @@ def predict(model: nn.Module, images: Images, batch_size: int = 500) -> Tensor:
 
 
 def accuracy(model: nn.Module, images: Images, labels: Tensor) -> float:
-    """Share of ``labels`` predicted (:func:`predict`)."""
+    """Share of ``labels`` predicted (`predict`)."""
     return float((predict(model, images) == labels).float().mean())
 
 
@@ -130,7 +130,7 @@ def train_classifier(
     steps, with the schedule spanning them. ``on_step(step, loss)`` runs after every optimizer step and may
     return True to stop training.
 
-    With ``fabric`` (or a :class:`~isiwatch.truncation.engine.ShardedLoader`, which carries its Fabric) the model
+    With ``fabric`` (or a `ShardedLoader`, which carries its Fabric) the model
     trains under Fabric's strategy and precision, each process on its shard of the batches (``amp`` is then
     Fabric's ``precision``); ``model`` ends with the trained weights on every process.
     """
@@ -226,8 +226,8 @@ def trainable_modules(model: nn.Module, train_last: int) -> list[nn.Module]:
 def prepare_healing(model: nn.Module, train_last: int) -> list[nn.Parameter]:
     """The freeze-early/heal-late step of healing, for healing inside your own training loop (Lightning, a
     Hugging Face Trainer, timm's ``train.py``): freeze ``model`` into eval mode except what healing trains, the
-    last ``train_last`` blocks and the modules after them (:func:`trainable_modules`), which are put in train
-    mode; returns the parameters to give your optimizer. :func:`heal` is this step plus its own loop."""
+    last ``train_last`` blocks and the modules after them (`trainable_modules`), which are put in train
+    mode; returns the parameters to give your optimizer. [`heal`][isiwatch.heal] is this step plus its own loop."""
     trainable = trainable_modules(model, train_last)
     model.requires_grad_(False).eval()
     for module in trainable:
@@ -252,12 +252,12 @@ def heal(model: nn.Module, data: Images, labels: Tensor | None = None, *,
     left in eval mode with every parameter trainable again.
 
     Args:
-        model: The cut ViT classifier (e.g. from :func:`~isiwatch.truncation.surgery.cut`), changed in place.
+        model: The cut ViT classifier (e.g. from [`cut`][isiwatch.cut]), changed in place.
         data: A DataLoader of ``(images, labels)`` batches (its own batch size and order; with ``fabric`` it gets
             a ``DistributedSampler``), or an images tensor with ``labels``; images model-ready (sized and
             normalised).
         labels: Class labels of an images tensor ``data``; None with a DataLoader.
-        train_last: How many of the last blocks to train (default: :func:`default_train_last`, the late half).
+        train_last: How many of the last blocks to train (default: `default_train_last`, the late half).
         epochs: Passes over ``data``.
         max_steps: Stop after this many optimizer steps (the schedule spans them); None: all of ``epochs``.
         lr: Peak learning rate.

@@ -2,7 +2,7 @@
 
 The first line records what the search was asked and on what (source checkpoint, depth, image counts, the
 acceptance rule, healing steps, seed); every further line is one candidate as
-:meth:`isiwatch.truncation.search.Candidate.to_dict` writes it, appended and flushed to disk as soon as the
+`isiwatch.truncation.search.Candidate.to_dict` writes it, appended and flushed to disk as soon as the
 candidate is scored. ``resume`` reads a journal whose first line matches the present search and hands its
 candidates back instead of healing them again; a journal of another search is refused in one line rather than
 mixed in. A line cut short by a kill (the last one) is ignored.

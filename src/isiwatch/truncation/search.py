@@ -2,20 +2,20 @@
 
 Candidates are cuts (strategy, kept blocks). Each is *screened*: cut, healed with a short budget of optimizer
 steps and scored on a validation split that healing never sees, paired image by image with the uncut model. A
-candidate *qualifies* when the :class:`~isiwatch.truncation.confidence.AcceptanceRule` accepts its paired drop
+candidate *qualifies* when the `AcceptanceRule` accepts its paired drop
 (the upper confidence bound of the drop within ``max_drop``, Bonferroni-corrected for every bound the search
 may compute; at confidence 0 the observed drop).
 
 The search moves along K, the number of blocks kept, with the best strategy (the first of
-:data:`~isiwatch.truncation.strategies.AUTO_STRATEGIES` that applies, ``bi``): bisection over K, starting at the
-recommended depth when there is one (:func:`isiwatch.measure.depth.recommend_depth`) — bisection assumes that
+`AUTO_STRATEGIES` that applies, ``bi``): bisection over K, starting at the
+recommended depth when there is one ([`recommend_depth`][isiwatch.recommend_depth]) — bisection assumes that
 keeping more blocks never hurts, which holds for healed cuts up to noise. Only then, just below the cheapest K
 found, it tries the other strategies, where they can change the answer, and keeps going down while one
 qualifies. ``budget`` caps the candidates screened. The winner is the qualifying candidate with the fewest
 blocks (ties: the higher validation accuracy), or none; the caller heals it fully
-(:func:`isiwatch.truncation.truncate.auto_cut`).
+(`isiwatch.truncation.truncate.auto_cut`).
 
-Each finished candidate goes to a :class:`~isiwatch.truncation.journal.SearchJournal`, so that a resumed search
+Each finished candidate goes to a `SearchJournal`, so that a resumed search
 takes it from there instead of healing it again. This module imports neither torch nor timm.
 """
 
@@ -77,7 +77,7 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Candidate:
-        """A journalled candidate (:meth:`to_dict` without ``extra``), marked ``resumed``."""
+        """A journalled candidate (`to_dict` without ``extra``), marked ``resumed``."""
         drop = record["validation_drop"]
         return cls(record["strategy"], list(record["kept_blocks"]), record["validation_accuracy"]["cut"],
                    record["validation_accuracy"]["healed"],

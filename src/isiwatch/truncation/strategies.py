@@ -1,13 +1,13 @@
 """Which blocks a cut drops: the strategies, in one registry, and the defaults of ``truncate --strategy auto``.
 
-A strategy is one :class:`Strategy` in :data:`STRATEGIES`: the function naming the blocks it drops and the
-inputs it reads from the uncut model (:class:`CutInputs`), so that a new strategy is one entry here; the command
-line's choices, :func:`choose_blocks` and what :func:`isiwatch.truncation.truncate.plan` measures all follow the
-registry. This module imports neither torch nor timm (the command line reads it to list its options); the
-functions import what they use when a cut is chosen.
+A strategy is one `Strategy` in `STRATEGIES`: the function naming the blocks it drops and the
+inputs it reads from the uncut model (`CutInputs`), so that a new strategy is one entry here; the command
+line's choices, `choose_blocks`, what `isiwatch.truncation.truncate.plan` measures and whether (and in which
+order) ``auto`` tries it (its ``auto_rank``) all follow the registry. This module imports neither torch nor timm
+(the command line reads it to list its options); the functions import what they use when a cut is chosen.
 
-``auto`` (:mod:`isiwatch.truncation.search`) searches over the number of kept blocks with
-:data:`AUTO_STRATEGIES`.
+``auto`` (`isiwatch.truncation.search`) searches over the number of kept blocks with the strategies of
+`AUTO_STRATEGIES`, the registry's ranked entries.
 """
 
 from __future__ import annotations
@@ -26,28 +26,30 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class CutInputs:
     """What a strategy may read about the uncut model: the phases of a per-layer curve, the boundary distances
-    (:mod:`isiwatch.measure.boundary_distances`) and a seed."""
+    (`isiwatch.measure.boundary_distances`) and a seed."""
 
     phases: Phases | None = None
     distances: BoundaryDistances | None = None
     seed: int = 0
 
 
-#: The inputs a strategy may need, as :class:`CutInputs` fields, with what each is in an error message.
+#: The inputs a strategy may need, as `CutInputs` fields, with what each is in an error message.
 INPUTS = {"phases": "phases (of a curve with a plateau)", "distances": "boundary distances of the uncut model"}
 
 
 @dataclass(frozen=True)
 class Strategy:
     """One cut strategy: ``drop(depth, count, inputs)`` names ``count`` distinct blocks to drop out of ``depth``;
-    ``needs`` the :data:`INPUTS` it reads (nothing else is measured for it); ``default_keep(depth, inputs)`` the
-    depth it cuts to when none is asked for (None: the recommended depth)."""
+    ``needs`` the `INPUTS` it reads (nothing else is measured for it); ``default_keep(depth, inputs)`` the
+    depth it cuts to when none is asked for (None: the recommended depth); ``auto_rank`` where ``auto`` tries it,
+    best first (0 first; None: ``auto`` never tries it)."""
 
     name: str
     drop: Callable[[int, int, CutInputs], Iterable[int]]
     needs: frozenset[str]
     description: str
     default_keep: Callable[[int, CutInputs], int] | None = None
+    auto_rank: int | None = None
 
     def missing(self, inputs: CutInputs) -> list[str]:
         """The needed inputs that ``inputs`` lacks."""
@@ -62,7 +64,7 @@ def _plateau_run(inputs: CutInputs) -> list[int]:
 
 
 def _plateau(depth: int, count: int, inputs: CutInputs) -> list[int]:
-    """The plateau's blocks after its first (:func:`~isiwatch.measure.depth.plateau_blocks`), nearest the middle
+    """The plateau's blocks after its first (`plateau_blocks`), nearest the middle
     of that run first, then outwards (later blocks first on equal distance): any ``count`` cuts the plateau
     from its middle."""
     run = _plateau_run(inputs)
@@ -101,21 +103,23 @@ def _random(depth: int, count: int, inputs: CutInputs) -> list[int]:
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("plateau", _plateau, frozenset({"phases"}),
              "drop the blocks on the plateau of a per-layer curve after its first (default keep: all others)",
-             default_keep=_plateau_keep),
-    Strategy("tail", lambda depth, count, _: range(depth - count, depth), frozenset(), "keep the first blocks"),
+             default_keep=_plateau_keep, auto_rank=3),
+    Strategy("tail", lambda depth, count, _: range(depth - count, depth), frozenset(), "keep the first blocks",
+             auto_rank=2),
     Strategy("bi", _block_influence, frozenset({"distances"}),
-             "ShortGPT block influence: drop the blocks that turn their input least"),
+             "ShortGPT block influence: drop the blocks that turn their input least", auto_rank=0),
     Strategy("angular", _angular, frozenset({"distances"}),
-             "Gromov angular distance: drop the consecutive blocks whose input and output are closest"),
+             "Gromov angular distance: drop the consecutive blocks whose input and output are closest", auto_rank=1),
     Strategy("random", _random, frozenset(), "drop blocks chosen by a seeded permutation"),
 )}
 #: Chosen from the evaluation in ``benchmarks/RESULTS.md``: block influence had the highest mean healed accuracy
 #: over all paired comparisons (ahead of ``tail`` by less than the noise); the plateau cut lost to both.
 DEFAULT_STRATEGY = "bi"
-#: Strategies ``auto`` tries, best first: it moves along K with the first that applies and tries the others only
-#: just below the cheapest K found, where they can change the answer (one whose inputs are missing, e.g. plateau
-#: without a plateau, is skipped).
-AUTO_STRATEGIES = ("bi", "angular", "tail", "plateau")
+#: Strategies ``auto`` tries, best first: the registry's entries with an ``auto_rank``, in that order. It moves along
+#: K with the first that applies and tries the others only just below the cheapest K found, where they can change
+#: the answer (one whose inputs are missing, e.g. plateau without a plateau, is skipped).
+AUTO_STRATEGIES = tuple(name for _, name in sorted((s.auto_rank, s.name) for s in STRATEGIES.values()
+                                                   if s.auto_rank is not None))
 #: Defaults: accuracy loss allowed (points), confidence of its bound (0: the point estimate) and candidates
 #: healed at most.
 DEFAULT_MAX_DROP = 1.0
@@ -137,7 +141,7 @@ def get_strategy(name: str) -> Strategy:
 
 
 def inputs_needed(name: str) -> frozenset[str]:
-    """The :data:`INPUTS` strategy ``name`` reads; for ``auto`` those of every strategy it tries."""
+    """The `INPUTS` strategy ``name`` reads; for ``auto`` those of every strategy it tries."""
     names = AUTO_STRATEGIES if name == "auto" else (name,)
     return frozenset().union(*(get_strategy(n).needs for n in names))
 

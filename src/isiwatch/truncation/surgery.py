@@ -47,7 +47,7 @@ def phases_of(analysis: Analysis, metric: str) -> Phases | None:
 
 def measure_inputs(model: nn.Module, images: Tensor, needs: frozenset[str], *, analysis: Analysis | None = None,
                    metric: str = DEFAULT_PHASE_METRIC, seed: int = 0) -> CutInputs:
-    """What strategies reading ``needs`` (:func:`~isiwatch.truncation.strategies.inputs_needed`) read from the uncut
+    """What strategies reading ``needs`` (`inputs_needed`) read from the uncut
     ``model``: the phases of ``metric`` in ``analysis`` (analysing ``images`` when none is given and phases are
     needed) and the boundary distances on ``images``; nothing that is not needed is measured."""
     if analysis is None and "phases" in needs:
@@ -59,13 +59,13 @@ def measure_inputs(model: nn.Module, images: Tensor, needs: frozenset[str], *, a
 def cut(model: nn.Module, keep: int, *, strategy: str = DEFAULT_STRATEGY, images: Tensor | None = None,
         metric: str = DEFAULT_PHASE_METRIC, seed: int = 0) -> nn.Module:
     """A copy of ``model`` with only ``keep`` of its blocks, neither healed nor searched: for healing in your own
-    training loop (or with :func:`~isiwatch.truncation.healing.heal`).
+    training loop (or with [`heal`][isiwatch.heal]).
 
     Args:
         model: A timm ViT classifier (or a transformers one); left untouched.
         keep: How many blocks to keep, from 1 to the model's depth − 1.
-        strategy: Which blocks to keep: a name in :data:`~isiwatch.truncation.strategies.STRATEGIES`. ``auto``
-            compares healed candidates, so only :func:`~isiwatch.truncation.truncate.truncate` runs it.
+        strategy: Which blocks to keep: a name in `STRATEGIES`. ``auto``
+            compares healed candidates, so only [`truncate`][isiwatch.truncate] runs it.
         images: Model-ready (sized and normalised) images to measure the model on; ``plateau``, ``bi`` and
             ``angular`` read the model's response to them, a few hundred are enough.
         metric: The per-layer curve whose plateau ``plateau`` drops.

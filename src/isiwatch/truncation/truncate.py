@@ -1,8 +1,8 @@
 """``truncate``: cut a trained timm ViT down to fewer blocks and heal it by fine-tuning its late blocks.
 
-The strategies that choose which blocks to keep are registered in :mod:`isiwatch.truncation.strategies`
+The strategies that choose which blocks to keep are registered in `isiwatch.truncation.strategies`
 (``plateau``, ``tail``, ``bi``, ``angular``, ``random``; ``auto`` searches over them); the surgery is
-:func:`~isiwatch.truncation.surgery.cut` and the healing :func:`~isiwatch.truncation.healing.heal`, which freezes the
+[`cut`][isiwatch.cut] and the healing [`heal`][isiwatch.heal], which freezes the
 embeddings and the early kept blocks (in eval mode) and trains the late ``train_last`` kept blocks, the final norm
 and the head with AdamW and a cosine schedule, optionally distilling the uncut model's logits. A written checkpoint
 loads with ``timm.create_model(arch, **model_kwargs)`` and ``load_state_dict(strict=True)`` and records which source
@@ -110,9 +110,9 @@ def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]
 class TruncateRequest:
     """Everything ``truncate`` was asked to do, checked on construction before any file is read.
 
-    Fields are :func:`truncate`'s parameters (``checkpoint``: its ``checkpoint_or_model``). ``strategy`` None
-    becomes ``auto`` without ``keep`` and :data:`DEFAULT_STRATEGY` with it; an impossible combination raises
-    ``ValueError`` (an :class:`~isiwatch._utils.option_error.OptionError` naming the parameters) in one line.
+    Fields are [`truncate`][isiwatch.truncate]'s parameters (``checkpoint``: its ``checkpoint_or_model``). ``strategy``
+    None becomes ``auto`` without ``keep`` and `DEFAULT_STRATEGY` with it; an impossible combination raises
+    ``ValueError`` (an `OptionError` naming the parameters) in one line.
     """
 
     checkpoint: Path | nn.Module
@@ -196,7 +196,7 @@ class TruncateRequest:
 
 
 class HealOptions(TypedDict, total=False):
-    """Keyword arguments of :func:`~isiwatch.truncation.healing.heal` shared by every heal of a plan (the
+    """Keyword arguments of [`heal`][isiwatch.heal] shared by every heal of a plan (the
     steps are each heal's own)."""
 
     lr: float
@@ -208,7 +208,7 @@ class HealOptions(TypedDict, total=False):
 
 @dataclass
 class TruncationPlan:
-    """What :func:`execute` will do, with everything it needs loaded: the uncut model, the images, the phases,
+    """What `execute` will do, with everything it needs loaded: the uncut model, the images, the phases,
     the depth recommendation and the boundary distances the strategy reads. ``kept`` is the fixed strategy's
     cut (None for ``auto``, which searches)."""
 
@@ -230,7 +230,7 @@ class TruncationPlan:
 
     @property
     def heal_options(self) -> HealOptions:
-        """Keyword arguments of :func:`heal` for every cut of this plan."""
+        """Keyword arguments of [`heal`][isiwatch.heal] for every cut of this plan."""
         r = self.request
         return {"lr": r.lr, "teacher": self.uncut if r.distill else None, "seed": r.seed,
                 "amp": r.device.startswith("cuda"), "train_last": r.train_last}
@@ -238,7 +238,7 @@ class TruncationPlan:
     @property
     def steps_per_epoch(self) -> int:
         """Optimizer steps of one pass over the healing images: the loader's batches (this process's shard), or
-        batches of :data:`~isiwatch.truncation.healing.HEAL_BATCH` of a tensor."""
+        batches of `HEAL_BATCH` of a tensor."""
         images = self.split.train_x
         return max(1, math.ceil(len(images) / HEAL_BATCH) if isinstance(images, Tensor) else len(images))
 
@@ -250,7 +250,7 @@ class TruncationPlan:
 
     @property
     def screen_steps(self) -> int:
-        """Optimizer steps of a screening heal (``auto``): ``screen_steps``, else :data:`SCREEN_FRACTION` of the
+        """Optimizer steps of a screening heal (``auto``): ``screen_steps``, else `SCREEN_FRACTION` of the
         full heal (at least one step, at most all of them)."""
         r = self.request
         if r.screen_steps is not None:
@@ -280,7 +280,7 @@ def _load(request: TruncateRequest) -> tuple[Checkpoint, nn.Module]:
 
 def plan(request: TruncateRequest) -> TruncationPlan:
     """Load the source and the images, measure on the uncut model what the strategy reads
-    (:func:`~isiwatch.truncation.strategies.inputs_needed`) and, for a fixed strategy, choose the blocks to keep.
+    (`inputs_needed`) and, for a fixed strategy, choose the blocks to keep.
     Refuses (``ValueError``) before any cut or healing."""
     r = request
     assert r.strategy is not None  # TruncateRequest resolved None to a strategy
@@ -339,7 +339,7 @@ class Execution:
 
 
 def execute(plan: TruncationPlan) -> Execution:
-    """Cut and heal: the planned blocks, or the ``auto`` search (:func:`auto_cut`)."""
+    """Cut and heal: the planned blocks, or the ``auto`` search (`auto_cut`)."""
     r, split = plan.request, plan.split
     if plan.kept is None:
         model, kept, search = auto_cut(plan)
@@ -352,7 +352,7 @@ def execute(plan: TruncationPlan) -> Execution:
 
 def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
     """The report dict: costs and held-out accuracies of the uncut, cut and healed models
-    (:func:`~isiwatch.truncation.truncate_report.measure`) and every choice made on the way."""
+    (`measure`) and every choice made on the way."""
     r, kept, search, depth = plan.request, execution.kept, execution.search, plan.depth
     x = execution.eval_x
     reference, after = predict(plan.uncut, x), predict(execution.model, x)
@@ -413,7 +413,7 @@ def cut_model_kwargs(plan: TruncationPlan, execution: Execution) -> dict[str, An
 
 
 def write(plan: TruncationPlan, execution: Execution, result: dict[str, Any]) -> list[Path]:
-    """Write the healed model (:func:`_write_model`) and the report, each when requested, from process 0 only;
+    """Write the healed model (`_write_model`) and the report, each when requested, from process 0 only;
     returns the written paths."""
     r = plan.request
     if not plan.fabric.is_global_zero:  # every process healed the same weights; one writes them
@@ -476,13 +476,13 @@ def truncate(
 ) -> TruncateResult:
     """Cut a trained ViT down to fewer blocks and heal it by fine-tuning its late blocks.
 
-    By default (``auto``, :mod:`isiwatch.truncation.search`) it searches for the cheapest healed cut whose
+    By default (``auto``, `isiwatch.truncation.search`) it searches for the cheapest healed cut whose
     accuracy drop is certified within ``max_drop`` points of the uncut model's on the validation images (the upper
-    ``confidence`` bound of the paired drop, :mod:`isiwatch.truncation.confidence`), heals the winner fully and
+    ``confidence`` bound of the paired drop, `isiwatch.truncation.confidence`), heals the winner fully and
     scores it once on the test images; when none qualifies, the uncut weights are returned. The steps are
-    :class:`TruncateRequest` (checks the options before anything is read), :func:`plan`, :func:`execute`,
-    :func:`report` and :func:`write`; :func:`~isiwatch.truncation.surgery.cut` and
-    :func:`~isiwatch.truncation.healing.heal` do the surgery and the healing on their own. The input is never
+    `TruncateRequest` (checks the options before anything is read), `plan`, `execute`,
+    `report` and `write`; [`cut`][isiwatch.cut] and
+    [`heal`][isiwatch.heal] do the surgery and the healing on their own. The input is never
     written; outputs are written atomically, only after everything succeeded.
 
     Args:
@@ -493,7 +493,7 @@ def truncate(
             Only for a checkpoint or directory: a model object has no architecture record to rebuild from.
         data: Healing and held-out images: ``"mnist"`` (the embedded digits), a folder tree or tar file that
             ``timm.data.create_dataset`` reads (20 % held out, unless it has ``train/`` and ``validation/``
-            sub-folders), a split of a dataset timm's readers read (:class:`~isiwatch.io.timm_data.TimmDataset`,
+            sub-folders), a split of a dataset timm's readers read (`TimmDataset`,
             e.g. ``TimmDataset("torch/cifar10", root, "train")``; held out as a folder is), model-ready
             ``(images, labels)`` tensors (the last 20 % held out) or a DataLoader of such batches (its dataset
             split the same way, read in its batch size and workers). Images are streamed,
@@ -501,9 +501,9 @@ def truncate(
             (healing) and ``validate.py`` (evaluation) would for this checkpoint.
         eval_data: Images to validate and test on (halved), in any form ``data`` takes; all of ``data`` then heals.
         strategy: Which blocks to keep: ``"auto"`` (the default without ``keep``) or a name in
-            :data:`~isiwatch.truncation.strategies.STRATEGIES` (``"bi"`` by default with ``keep``).
+            `STRATEGIES` (``"bi"`` by default with ``keep``).
         keep: Blocks to keep, for a fixed strategy; None: the plateau cut's depth for ``plateau``, the recommended
-            depth (:func:`~isiwatch.measure.depth.recommend_depth`) for the others.
+            depth ([`recommend_depth`][isiwatch.recommend_depth]) for the others.
         max_drop: ``auto``: accuracy points a cut may lose.
         confidence: ``auto``: confidence of the drop's upper bound, Bonferroni-corrected over ``budget`` (plus
             one for the winner's full heal); 0: the observed validation drop (a point estimate).
@@ -527,7 +527,7 @@ def truncate(
         num_heads: Attention heads of a checkpoint that records neither them nor an architecture.
         prefer_ema: Read a checkpoint's ``state_dict_ema`` when it has one.
         mean: Per-channel mean for images read from a name or a folder (with ``std``; default: as the checkpoint
-            records, :func:`~isiwatch.io.timm_data.resolve_data_config`).
+            records, `resolve_data_config`).
         std: Per-channel standard deviation, with ``mean``.
         device: Where to measure and heal (``"cpu"``, ``"cuda"``): Lightning Fabric's accelerator.
         seed: Healing order and ``random`` strategy seed.
@@ -561,7 +561,7 @@ def truncate(
 
 
 def _run(request: TruncateRequest) -> TruncateResult:
-    """:func:`plan`, :func:`execute`, :func:`report` and :func:`write` (out of :func:`truncate`, whose ``report``
+    """`plan`, `execute`, `report` and `write` (out of [`truncate`][isiwatch.truncate], whose ``report``
     parameter hides the function)."""
     planned = plan(request)
     execution = execute(planned)
@@ -590,10 +590,10 @@ def _points(fraction: float) -> str:
 
 def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]]:
     """The cheapest certified healed cut of the plan's uncut model (or a copy of it), its kept blocks and the
-    search record (:mod:`isiwatch.truncation.search`).
+    search record (`isiwatch.truncation.search`).
 
-    Candidates are screened with :attr:`TruncationPlan.screen_steps` healing steps; the winner's cut is then
-    healed afresh with the full :attr:`TruncationPlan.heal_steps` and judged once more by the same rule (one more
+    Candidates are screened with `TruncationPlan.screen_steps` healing steps; the winner's cut is then
+    healed afresh with the full `TruncationPlan.heal_steps` and judged once more by the same rule (one more
     bound in the Bonferroni count); should that fail, the screened model, which qualified, is returned. The
     search journal (``journal``) makes an interrupted search resumable (``resume``).
     """

@@ -17,7 +17,7 @@ from .cost import count_parameters, differs, forward_flops, latency_samples
 def measure(ckpt: Checkpoint, uncut: nn.Module, model: nn.Module, images: Tensor, labels: Tensor,
             reference: Tensor, before: Tensor, after: Tensor) -> dict[str, Any]:
     """Costs (parameters, FLOPs per image, median latency of a batch) and held-out accuracies;
-    ``latency_differs``: whether the two latencies differ by more than their noise (:func:`~.cost.differs`)."""
+    ``latency_differs``: whether the two latencies differ by more than their noise (`differs`)."""
     batch = images[:64].to(next(uncut.parameters()).device)
     times = latency_samples({"uncut": uncut, "truncated": model}, batch)
     cost = {name: {"blocks": len(block_list(m)), "parameters": count_parameters(m),

@@ -1,2 +1,2 @@
-"""The training-time monitor: :class:`~isiwatch.watch.monitor.Watch`, its samples, alerts, stopping rule, config
+"""The training-time monitor: [`Watch`][isiwatch.Watch], its samples, alerts, stopping rule, config
 file and exporters."""

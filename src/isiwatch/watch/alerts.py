@@ -1,14 +1,14 @@
 """Alerts: the rules that decide each alert kind's condition at a sample, and the episode logic that emits
 each alert once.
 
-Rules (:class:`AlertRules`): ``non_finite`` (a non-finite value in any curve or the loss), ``plateau_onset``
+Rules (`AlertRules`): ``non_finite`` (a non-finite value in any curve or the loss), ``plateau_onset``
 (the plateau tracker's onset, for a plateau after a Cliff: the paper's), ``slow_start`` (the same for a plateau
 from block 0, with no Cliff before it: the first blocks barely change the curve yet; see
-:mod:`isiwatch.measure.phases`), ``isi_stall`` (mean ISI rose by less than a relative ``min_rise`` over a window of
+`isiwatch.measure.phases`), ``isi_stall`` (mean ISI rose by less than a relative ``min_rise`` over a window of
 samples while the loss fell by more than a relative ``min_loss_drop``), ``cls_marginalized`` (the [CLS] probe
-below the mean-patch probe at the last block) and ``norm_friction_high`` (:mod:`isiwatch.watch.friction`).
+below the mean-patch probe at the last block) and ``norm_friction_high`` (`isiwatch.watch.friction`).
 
-A condition that becomes true opens an episode and emits one :class:`Alert`; while it stays true nothing
+A condition that becomes true opens an episode and emits one [`Alert`][isiwatch.Alert]; while it stays true nothing
 more is emitted; when it goes away a ``<kind>_cleared`` record closes the episode. Sinks receive every
 record; a failing sink is logged and never interrupts training.
 """
@@ -139,7 +139,7 @@ class AlertRules:
         return conditions
 
     def isi_stall(self, sample: Sample) -> Condition:
-        """Adds the sample's mean ISI and loss to :attr:`stall`; active when the window is full, mean ISI rose by
+        """Adds the sample's mean ISI and loss to `stall`; active when the window is full, mean ISI rose by
         at most ``min_rise`` (relative) and the loss fell by at least ``min_loss_drop`` (relative)."""
         isi = sample.layers.get("isi")
         if isi is None or sample.loss is None or not all(math.isfinite(v) for v in [*isi, sample.loss]):

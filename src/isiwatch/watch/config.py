@@ -1,6 +1,6 @@
 """Watch options and their YAML form.
 
-``isiwatch.yaml`` maps one-to-one onto :class:`WatchOptions` at the top level; optional sections named
+``isiwatch.yaml`` maps one-to-one onto [`WatchOptions`][isiwatch.WatchOptions] at the top level; optional sections named
 after CLI commands (``analyze:``, ``demo:``, ``truncate:``, ``specialize:``) hold that command's options.
 Unknown keys, values of the wrong type or out of range, duplicate keys, aliases and non-standard tags are errors
 that name the key and its line.
@@ -34,7 +34,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class WatchOptions:
-    """Every serialisable option of :class:`isiwatch.Watch` (see its docstring for meanings)."""
+    """Every serialisable option of [`isiwatch.Watch`][isiwatch.Watch] (see its docstring for meanings)."""
 
     every_n_steps: int = 100
     log_dir: str | None = None
@@ -90,7 +90,7 @@ _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, QUOTE_LIMIT, QUOTE_LIMIT
 
 
 def clip(text: str) -> str:
-    """``text`` cut to :data:`QUOTE_LIMIT` characters: a huge value must not turn one error line into megabytes."""
+    """``text`` cut to `QUOTE_LIMIT` characters: a huge value must not turn one error line into megabytes."""
     return text if len(text) <= QUOTE_LIMIT else text[:QUOTE_LIMIT] + "..."
 
 
@@ -149,7 +149,7 @@ def gateway_problem(v: object) -> str | None:
     return None if port is None or port > 0 else f"must name a port 1-65535, got {quote(v)}"
 
 
-#: Range and choice rules, shared by the Watch (through :func:`build_options`) and ``isiwatch config check``.
+#: Range and choice rules, shared by the Watch (through `build_options`) and ``isiwatch config check``.
 _RULES: dict[str, Callable[[object], str | None]] = {
     "every_n_steps": _at_least(1), "prometheus_port": _port, "pushgateway": gateway_problem,
     "max_consecutive_failures": _at_least(1), "phase_metric": _one_of(METRICS),
@@ -252,7 +252,7 @@ def _yaml_error(path: Path, exc: yaml.YAMLError) -> ConfigError:
 
 
 def _compose(text: str, path: Path) -> tuple[_Loader, yaml.Node | None]:
-    """The document's node tree; every YAML problem becomes a one-line :class:`ConfigError`."""
+    """The document's node tree; every YAML problem becomes a one-line `ConfigError`."""
     loader = _Loader(text)
     try:
         return loader, loader.get_single_node()

@@ -30,7 +30,7 @@ def friction_alert(source: Analysis | Mapping[str, Sequence[float]] | Sequence[f
                    threshold: float = FRICTION_THRESHOLD) -> dict[str, Any] | None:
     """An alert record when the largest per-block ``norm_friction`` reaches ``threshold``, else None.
 
-    ``source``: an :class:`~isiwatch.measure.analysis.Analysis`, a ``layers`` mapping of curves, or the
+    ``source``: an [`Analysis`][isiwatch.Analysis], a ``layers`` mapping of curves, or the
     norm_friction curve itself (one value per block; non-finite values are ignored). Returns
     ``{"kind", "severity": "info", "message", "data"}``; the caller adds step/time/run and episodes.
     None as well when the model has no [CLS] (no curve) or no finite value.

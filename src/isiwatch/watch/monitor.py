@@ -1,7 +1,7 @@
 """``Watch``: the training-time monitor.
 
 Every ``every_n_steps`` optimizer steps it runs one probe pass on a fixed probe batch, records the
-per-layer curves, detects the phases and plateau onset, recommends a depth (:mod:`isiwatch.measure.depth`), raises
+per-layer curves, detects the phases and plateau onset, recommends a depth (`isiwatch.measure.depth`), raises
 alerts, updates early stopping and exports to TensorBoard, Prometheus, JSONL and the exporters it is given; closing
 it samples the last step once more if that step was not sampled. Between sampling steps ``step()`` is a modulo and a
 return.
@@ -101,7 +101,7 @@ class Watch:
 
     ``probe_images`` (B,C,H,W) and optional ``probe_labels`` (B,) form the fixed probe batch (labels enable
     the linear probes and the [CLS] alert). Options (also from ``config``, a YAML path or dict; explicit
-    keyword arguments win) are the fields of :class:`isiwatch.watch.config.WatchOptions`:
+    keyword arguments win) are the fields of [`WatchOptions`][isiwatch.WatchOptions]:
 
     - sampling: ``every_n_steps``, ``probe_batch_size``, ``with_isi_recon``, ``history_size`` (samples
       kept in ``history``);
@@ -117,30 +117,30 @@ class Watch:
     - export: ``log_dir`` (TensorBoard + ``metrics.jsonl`` + ``alerts.jsonl``), ``registry`` (a
       prometheus_client ``CollectorRegistry``; a private one by default), ``prometheus_port`` (HTTP on
       ``prometheus_host``, 127.0.0.1 by default), ``pushgateway``, ``textfile``, ``run_name``; ``exporters``:
-      more :class:`~isiwatch.watch.exporters.Exporter` instances (MLflow, W&B or your own), called after the
-      built-in ones (kept in :attr:`exporters`);
+      more [`Exporter`][isiwatch.Exporter] instances (MLflow, W&B or your own), called after the
+      built-in ones (kept in `exporters`);
     - faults: ``max_consecutive_failures`` (failed samples in a row after which the Watch disables itself),
       ``strict`` (re-raise instead, for tests and debugging);
     - cost: ``probe_every`` (the linear probes, the costliest metric, on every k-th sample only; the others
       carry no probe series), ``overhead_budget`` (opt-in, e.g. 0.005: the Watch stretches its sampling interval,
       in multiples of ``every_n_steps``, to keep its overhead ratio under this fraction of training time, and
       shortens it again, never below ``every_n_steps``, when there is room; each change is logged, and the
-      interval in effect, :attr:`interval`, is saved in :meth:`state_dict`);
+      interval in effect, `interval`, is saved in [`state_dict`][isiwatch.Watch.state_dict]);
     - acting (experimental, off by default): ``freeze_settled`` (``True`` or a
-      [`FreezePolicy`][isiwatch.watch.freezing.FreezePolicy]): freeze the longest prefix of blocks whose output on
+      `FreezePolicy`): freeze the longest prefix of blocks whose output on
       the probe batch has settled (`isiwatch.watch.freezing`; each freeze is a ``blocks_frozen`` alert record, the
       prefix is in [`state_dict`][isiwatch.Watch.state_dict]; `freezer` holds the policy's state).
 
-    Every sample measures the Watch's own cost (:attr:`Sample.overhead_s <isiwatch.watch.sample.Sample>` and
+    Every sample measures the Watch's own cost (`Sample.overhead_s` and
     its ratio to the training time between samples), exported as the ``overhead/sample_seconds`` and
     ``overhead/ratio`` series (TensorBoard, ``metrics.jsonl``, Prometheus ``isiwatch_overhead_ratio``, the
     MLflow and W&B exporters).
 
     The options, the probe batch (shape, labels, channels against the model's patch embedding) and the names
-    in ``monitor`` and ``phase_metric`` (against :attr:`series_names`, the series this model's samples hold)
+    in ``monitor`` and ``phase_metric`` (against `series_names`, the series this model's samples hold)
     are checked here, without a forward pass: a ``ValueError`` now, not at the first sample mid-training.
 
-    A failure inside the Watch never stops training (:mod:`isiwatch.watch.faults`): a probe pass that raises
+    A failure inside the Watch never stops training (`isiwatch.watch.faults`): a probe pass that raises
     (an out-of-memory error is retried once in chunks a quarter the size) skips that sample, an exporter that
     raises is skipped for that call and tried again at the next, and each failing part is reported once, as a
     ``monitor_error`` alert record (and one line on stderr when the application set up no logging), and again
@@ -238,8 +238,8 @@ class Watch:
         return self._prometheus
 
     def _each(self, hook: str, *args: Any) -> list[Any]:
-        """Call ``hook`` (an :class:`~isiwatch.watch.exporters.Exporter` method) on every exporter, in order, and
-        return what the calls that worked returned. One that raises is reported (:attr:`faults`) and skipped; the
+        """Call ``hook`` (an [`Exporter`][isiwatch.Exporter] method) on every exporter, in order, and
+        return what the calls that worked returned. One that raises is reported (`faults`) and skipped; the
         next call tries it again, and its next ``write_sample`` that works closes the fault."""
         names = [type(exporter).__name__ for exporter in self.exporters]
         results = []
@@ -263,7 +263,7 @@ class Watch:
 
     def _call_back(self, alert: Alert) -> None:
         """Hand ``alert`` to the user's ``alert_callback``; one that raises is reported like every other failing
-        part (:attr:`faults`, source ``alert_callback``), and the next record of another source it takes closes
+        part (`faults`, source ``alert_callback``), and the next record of another source it takes closes
         that episode."""
         assert self._alert_callback is not None
         try:
@@ -312,8 +312,8 @@ class Watch:
     def step(self, global_step: int, loss: float | Tensor | None = None) -> list[Alert]:
         """Call after every optimizer step; samples when ``global_step`` is a multiple of ``every_n_steps``.
 
-        ``loss`` (optional, read only on sampling steps and by :meth:`finish`) feeds the ``isi_stall`` alert
-        and the ``loss`` series. Returns the alert records emitted at this step.
+        ``loss`` (optional, read only on sampling steps and by [`finish`][isiwatch.Watch.finish]) feeds the
+        ``isi_stall`` alert and the ``loss`` series. Returns the alert records emitted at this step.
         """
         self._seen_step, self._seen_loss = global_step, loss
         if global_step % self.interval or global_step == self.last_step:
@@ -321,14 +321,15 @@ class Watch:
         return self.sample(global_step, loss)
 
     def finish(self) -> list[Alert]:
-        """Sample the last step passed to :meth:`step` unless it was sampled: the final weights are always in the
-        record, and a run shorter than ``every_n_steps`` has one sample, not none.
+        """Sample the last step passed to [`step`][isiwatch.Watch.step] unless it was sampled: the final weights are
+        always in the record, and a run shorter than ``every_n_steps`` has one sample, not none.
 
         The final sample is recorded and exported, but updates no policy: not early stopping (training is over,
         and ``stop_reason`` must not claim a stop that did not happen), and neither the alert episodes nor onset
         tracking. The frameworks write their last checkpoint before it, so a run resumed from that checkpoint
         would repeat an opening or a clearing the final sample had recorded. Returns no alert records.
-        :meth:`close` calls it; the integrations call it earlier, while the framework's loggers are open."""
+        [`close`][isiwatch.Watch.close] calls it; the integrations call it earlier, while the framework's loggers are
+        open."""
         if self._seen_step is None or self._seen_step == self.last_step:
             return []
         return self._sample(self._seen_step, self._seen_loss, policies=False)
@@ -419,7 +420,7 @@ class Watch:
                                        self.freezer.message(plan, before), self.freezer.record_data(plan, before)))
 
     def _charge(self, sample: Sample | None, begin: float, measured: float) -> None:
-        """Set ``sample``'s overhead (see :class:`~isiwatch.watch.sample.Sample`): its measurement plus the
+        """Set ``sample``'s overhead (see `Sample`): its measurement plus the
         previous sample's work after measuring and the exporters' background work since (heat-map renders), over
         the training time since the previous sample ended. Called before anything reads the sample's series; a
         failed sample's cost is carried to the next."""
@@ -435,11 +436,11 @@ class Watch:
 
     def _background_seconds(self) -> float:
         """The exporters' CPU seconds off the training thread since the last sample; one that raises is reported
-        (:attr:`faults`, through :meth:`_each`) and counts nothing."""
+        (`faults`, through `_each`) and counts nothing."""
         return sum(float(seconds) for seconds in self._each("background_seconds"))
 
     def _fit_budget(self, ratio: float | None, budget: float) -> None:
-        """Stretch (or shorten, with hysteresis: only to half or less) :attr:`interval` so the overhead ratio
+        """Stretch (or shorten, with hysteresis: only to half or less) `interval` so the overhead ratio
         stays under ``budget``, in multiples of ``every_n_steps``. Under torch.distributed every rank takes the
         longest interval any rank asks for (one all-reduce, on sampling steps only)."""
         base = self.options.every_n_steps
@@ -538,8 +539,8 @@ class Watch:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output, all or nothing: the whole state is validated (and loaded into
-        fresh policies) before anything is assigned, so a bad state raises ``ValueError`` naming the field
+        """Restore [`state_dict`][isiwatch.Watch.state_dict]'s output, all or nothing: the whole state is validated (and
+        loaded into fresh policies) before anything is assigned, so a bad state raises ``ValueError`` naming the field
         and leaves the Watch as it was."""
         version = checked(state, "Watch state", version=PRESENT)["version"]
         if version != 1:
@@ -590,9 +591,9 @@ class Watch:
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self, *, final_sample: bool = True) -> None:
-        """Take the final sample (:meth:`finish`; ``final_sample=False`` skips it, e.g. after a crash), warn if
-        the run has no sample at all, then flush and close the exporters (heat-maps are written one last time).
-        A second call does nothing."""
+        """Take the final sample ([`finish`][isiwatch.Watch.finish]; ``final_sample=False`` skips it, e.g. after a
+        crash), warn if the run has no sample at all, then flush and close the exporters (heat-maps are written one last
+        time). A second call does nothing."""
         if self._closed:
             return
         self._closed = True

@@ -14,12 +14,12 @@ from ..measure.phases import Phases
 
 #: The plateau series every sample holds.
 PLATEAU_SERIES = ("plateau/detected", "plateau/start", "plateau/end", "plateau/length")
-#: The Watch's own cost (:attr:`Sample.overhead_s`, :attr:`Sample.overhead_ratio`), when measured.
+#: The Watch's own cost (`Sample.overhead_s`, `Sample.overhead_ratio`), when measured.
 OVERHEAD_SERIES = ("overhead/sample_seconds", "overhead/ratio")
 
 
 def series_names(metrics: Iterable[str], depth: int) -> set[str]:
-    """Every name :meth:`Sample.series` can hold for samples with per-layer ``metrics`` over ``depth`` blocks
+    """Every name `Sample.series` can hold for samples with per-layer ``metrics`` over ``depth`` blocks
     (``loss`` included: it is there whenever the caller passes a loss)."""
     per_metric = ("last", "mean", *(f"layer_{i:02d}" for i in range(depth)))
     return {f"{m}/{s}" for m in metrics for s in per_metric} | {*PLATEAU_SERIES, *OVERHEAD_SERIES,
@@ -29,7 +29,7 @@ def series_names(metrics: Iterable[str], depth: int) -> set[str]:
 @dataclass
 class Sample:
     """Per-layer curves at training ``step``; ``duration_s`` is the probe pass + metrics wall time;
-    ``recommendation`` the depth :func:`isiwatch.measure.depth.recommend_depth` reads from these curves.
+    ``recommendation`` the depth [`recommend_depth`][isiwatch.recommend_depth] reads from these curves.
 
     ``overhead_s`` is the Watch's wall time charged to this sample, in seconds: its probe pass and metrics plus
     what the previous sample did after its own (alert rules, stopping, exports) and the CPU time of the exporters'
@@ -52,7 +52,7 @@ class Sample:
         return len(next(iter(self.layers.values()))) if self.layers else 0
 
     def series(self) -> dict[str, float]:
-        """Flat named series (see :attr:`_series`), built once per sample: the stopper, TensorBoard and the
+        """Flat named series (see `_series`), built once per sample: the stopper, TensorBoard and the
         framework loggers all read it."""
         return self._series
 

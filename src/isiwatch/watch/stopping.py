@@ -1,5 +1,5 @@
-"""Early-stopping policies. :class:`EarlyStopping` applies the rule of Lightning's ``EarlyStopping``
-(``_evaluate_stopping_criteria``) to one value per sampling step; :class:`PlateauStopping` is isiwatch's own.
+"""Early-stopping policies. `EarlyStopping` applies the rule of Lightning's ``EarlyStopping``
+(``_evaluate_stopping_criteria``) to one value per sampling step; `PlateauStopping` is isiwatch's own.
 
 Each policy sees one value (or sample) per sampling step and returns the reason to stop, or None.
 """
@@ -85,7 +85,7 @@ class EarlyStopping:
         return {"best": self.best, "wait": self.wait, "seen": self.seen, "patience": self.patience}
 
     def load_state_dict(self, state: Mapping[str, Any], where: str = "EarlyStopping state") -> None:
-        """Restore :meth:`state_dict`'s output. ``patience`` comes from the state, as in Lightning; a state
+        """Restore `state_dict`'s output. ``patience`` comes from the state, as in Lightning; a state
         saved before isiwatch recorded it keeps this instance's patience."""
         checks = {"best": NUMBER, "wait": COUNT, "seen": COUNT}
         if isinstance(state, dict) and "patience" in state:

@@ -1,4 +1,4 @@
-"""Where the monitor's samples and alerts go: one :class:`Exporter` subclass per backend, one file each.
+"""Where the monitor's samples and alerts go: one [`Exporter`][isiwatch.Exporter] subclass per backend, one file each.
 
 JSONL, TensorBoard and Prometheus are built in (the Watch builds them from its options); MLflow and W&B are
 passed as ``Watch(exporters=[...])`` and import their library only when built.

@@ -1,7 +1,7 @@
-"""The exporter extension point: one base class whose hooks :class:`~isiwatch.watch.monitor.Watch` calls.
+"""The exporter extension point: one base class whose hooks [`Watch`][isiwatch.Watch] calls.
 
-A new backend is one file with one :class:`Exporter` subclass, passed to ``Watch(exporters=[...])``; the Watch
-needs no change. Every hook has the same signature for every exporter and does nothing by default, so an
+A new backend is one file with one [`Exporter`][isiwatch.Exporter] subclass, passed to ``Watch(exporters=[...])``; the
+Watch needs no change. Every hook has the same signature for every exporter and does nothing by default, so an
 exporter implements only the events it cares about (as Lightning's ``Logger`` and prometheus_client's
 one-method ``Collector``).
 """

@@ -1,6 +1,6 @@
 """Prometheus export (namespace ``isiwatch``): an HTTP endpoint on 127.0.0.1 by default, a push gateway,
 or a node-exporter textfile. Pushes run on a background thread with a timeout; a failed push or textfile write
-is raised to the Watch, which reports it once and never lets it stop training (:mod:`isiwatch.watch.faults`)."""
+is raised to the Watch, which reports it once and never lets it stop training (`isiwatch.watch.faults`)."""
 
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ class PrometheusExporter(Exporter):
         """Rewrite the textfile and hand this sample's values to the background pusher, if configured.
 
         A push never blocks training: the values are snapshotted here and pushed by a thread, with a timeout of
-        :data:`PUSH_TIMEOUT` seconds; a push that failed is raised at the next call (so the Watch reports it, and
+        `PUSH_TIMEOUT` seconds; a push that failed is raised at the next call (so the Watch reports it, and
         clears it once a push works again)."""
         if self.textfile:
             _write_textfile(str(self.textfile), self.registry)

@@ -1,19 +1,20 @@
 """TensorBoard: per-layer scalars, plateau summary, a custom-scalar layout, depth × step heat-maps, alerts.
 
 Tags: ``isiwatch/<metric>/layer_<ll>``, ``isiwatch/plateau/{start,end,length}``,
-``isiwatch/recommended_depth`` (blocks :func:`isiwatch.measure.depth.recommend_depth` keeps),
+``isiwatch/recommended_depth`` (blocks [`recommend_depth`][isiwatch.recommend_depth] keeps),
 ``isiwatch/overhead/{sample_seconds,ratio}`` (the Watch's own cost), heat-map images ``isiwatch/heatmap/<metric>``
-(:func:`isiwatch.measure.plots.heatmap_figure`: blocks × training step over the kept history, colour scaled to the
+(`isiwatch.measure.plots.heatmap_figure`: blocks × training step over the kept history, colour scaled to the
 metric's range over the shown samples; every render redraws the exporter's one
-:class:`~isiwatch.measure.plots.HeatmapPanel`) and alert text under ``isiwatch/alerts``.
+`HeatmapPanel`) and alert text under ``isiwatch/alerts``.
 
 Heat-maps are rendered on a background thread (a render of a long history takes longer than a probe pass), and
 written by the next sample; the close renders the final history once more (training is over by then). The render
 must not take the training's cores: one runs at a time, at the lowest scheduling priority (nice 19, Linux), and it
-pauses after each metric's figure for :data:`RENDER_PAUSE` times that figure's drawing time, so that it holds
+pauses after each metric's figure for `RENDER_PAUSE` times that figure's drawing time, so that it holds
 Python's interpreter lock, which the training thread takes back after every torch call, for at most a fifth of
-the time. Its CPU time is reported through :meth:`TensorBoardExporter.background_seconds`, and the Watch charges it
-to the next sample's overhead.
+the time. Its CPU time is reported through
+[`TensorBoardExporter.background_seconds`][isiwatch.TensorBoardExporter.background_seconds], and the Watch charges it to
+the next sample's overhead.
 """
 
 from __future__ import annotations
@@ -67,12 +68,12 @@ def _writer_folder(thread: threading.Thread) -> str | None:
     return os.path.normpath(os.path.dirname(os.fsdecode(filename))) if isinstance(filename, (str, bytes)) else None
 
 
-#: The exporters whose writer threads :class:`_QuietWriterThreads` silences.
+#: The exporters whose writer threads `_QuietWriterThreads` silences.
 _LIVE: weakref.WeakSet[TensorBoardExporter] = weakref.WeakSet()
 
 
 def _quiet_writer_threads() -> None:
-    """Put :class:`_QuietWriterThreads` in front of the current ``threading.excepthook``, unless it is there."""
+    """Put `_QuietWriterThreads` in front of the current ``threading.excepthook``, unless it is there."""
     if not isinstance(threading.excepthook, _QuietWriterThreads):
         threading.excepthook = _QuietWriterThreads(threading.excepthook)
 
@@ -165,9 +166,9 @@ class TensorBoardExporter(Exporter):
         self.writer.flush()
 
     def _render_heatmaps(self, history: Sequence[Sample]) -> None:
-        """Render ``history``'s heat-maps into :attr:`_rendered`, on the render thread (the writer is left to the
+        """Render ``history``'s heat-maps into `_rendered`, on the render thread (the writer is left to the
         training thread), at the lowest priority and paced (see the module docstring); adds its CPU time to what
-        :meth:`background_seconds` reports."""
+        [`background_seconds`][isiwatch.TensorBoardExporter.background_seconds] reports."""
         start = time.thread_time()
         if sys.platform == "linux":  # a thread id names this thread only on Linux (elsewhere it could be a process)
             try:
@@ -252,7 +253,7 @@ class TensorBoardExporter(Exporter):
 
 def heatmap_images(history: Sequence[Sample], panel: HeatmapPanel, pause: float = 0.0,
                    hurry: threading.Event | None = None) -> dict[str, np.ndarray]:
-    """One RGB image (H, W, 3 uint8) per metric of the last sample: a :class:`~isiwatch.measure.plots.HeatmapPanel`
+    """One RGB image (H, W, 3 uint8) per metric of the last sample: a `HeatmapPanel`
     over the samples of the last sample's depth, drawn with Agg (no pyplot, so any thread may call it).
 
     Args:
