@@ -544,8 +544,8 @@ class NotHttp:
     """A TCP server that answers every request with a line that is not an HTTP status line (``BadStatusLine``
     in the client) until ``healthy`` is set, then with ``HTTP/1.1 200 OK``."""
 
-    def __init__(self):
-        self.healthy, self.answers = False, []
+    def __init__(self, garbage=b"SSH-2.0-OpenSSH_9.6\r\n"):
+        self.healthy, self.answers, self.garbage = False, [], garbage
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
@@ -564,7 +564,7 @@ class NotHttp:
                     conn.recv(65536)
                     healthy = self.healthy
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n" if healthy
-                                 else b"SSH-2.0-OpenSSH_9.6\r\n")
+                                 else self.garbage)
                     self.answers.append(healthy)
                 except OSError:
                     pass
@@ -582,6 +582,27 @@ def test_a_gateway_that_does_not_speak_http_is_reported_once_and_recovers(digits
                              ("monitor_error_cleared", "exporter PrometheusExporter")]
     assert "BadStatusLine" in faults[0].message or "RemoteDisconnected" in faults[0].message, faults[0].message
     assert False in server.answers and server.answers[-1] is True
+
+
+def test_a_gateway_answering_garbage_is_reported_in_one_printable_bounded_line(digits, unwatched, capsys,
+                                                                                monkeypatch):
+    """What the server sent (a terminal escape sequence, a bell, NUL, kilobytes of junk) reaches neither the alert
+    message nor stderr raw: control characters are escaped and the reason is cut at 200 characters."""
+    monkeypatch.setattr(logging.root, "handlers", [])
+    server = NotHttp(garbage=b"\x1b[2J\x1b[31mpwned\x07\x00" + b"\xff" * 3000 + b"\r\n")
+    try:
+        result, records = train_against_gateway(digits, server.port, lambda: setattr(server, "healthy", True))
+    finally:
+        server.sock.close()
+    assert_unperturbed(result, unwatched)
+    faults = [r for r in records if r.kind.startswith("monitor_error")]
+    assert kinds(faults) == [("monitor_error", "exporter PrometheusExporter"),
+                             ("monitor_error_cleared", "exporter PrometheusExporter")]
+    reason = faults[0].data["error"]
+    assert reason.startswith("BadStatusLine: \\x1b[2J\\x1b[31mpwned\\x07\\x00ÿÿÿ") and len(reason) == 200, reason
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and err.replace("\n", "").isprintable()
+    assert all(r.message.isprintable() for r in records)
 
 
 # -- a heat-map render that fails on its background thread ---------------------------------------------------

@@ -54,11 +54,23 @@ def warn(message: str) -> None:
     _to_stderr(f"isiwatch: warning: {message}")
 
 
+#: The most characters of a failure's reason a record or a stderr line carries.
+REASON_LIMIT = 200
+
+
+def printable(text: str, limit: int = REASON_LIMIT) -> str:
+    """``text`` as one printable line of at most ``limit`` characters: every character that is not printable (a
+    control character, a line break, a terminal escape sequence's ESC) as its Python escape (``\\x1b``), and the
+    rest after ``limit`` cut off with ``...``; what a server or a library sent never reaches a terminal raw."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return line if len(line) <= limit and len(text) <= limit else line[:limit - 3] + "..."
+
+
 def describe(exc: BaseException) -> str:
-    """One line naming the exception: its type and the first line of its message, at most 200 characters."""
+    """One printable line naming the exception: its type and the first line of its message (see
+    `printable`)."""
     text = str(exc).strip().splitlines()
-    line = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-    return line if len(line) <= 200 else line[:197] + "..."
+    return printable(f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__)
 
 
 class FaultLog:
@@ -91,7 +103,7 @@ class FaultLog:
         self.counts[source] = self.counts.get(source, 0) + 1
         if source in self.failing:
             return
-        reason = exc if isinstance(exc, str) else describe(exc)
+        reason = printable(exc) if isinstance(exc, str) else describe(exc)
         record = Alert(KIND, step, time.time(), self.alerts.run, ALERT_KINDS[KIND],
                        f"{source} failed ({reason}); the sample's other parts and training continue",
                        {"source": source, "error": reason})
