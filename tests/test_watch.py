@@ -603,3 +603,26 @@ def test_memory_stays_flat_with_a_log_dir_and_heatmaps(digits, tmp_path):
         tracemalloc.stop()
         watch.close()
     assert traced[375] - traced[175] < 256 * 2**10, traced
+
+
+def test_the_closing_sample_measures_its_overhead_against_a_full_sampling_interval(digits):
+    """The closing sample (close() samples the last step, here one step after the previous sample) is charged
+    against the training time of a full interval at the pace since the previous sample, as every other sample
+    is: before, its ratio was measured against that one step and jumped by the interval (4x here)."""
+    _, _, px, py = digits
+    watch = Watch(tiny_vit(), px, py, every_n_steps=4)
+    trained = {}  # training seconds since the previous sample, at each sample
+    since = 0.0
+    for step in range(1, 10):
+        start = time.perf_counter()
+        time.sleep(0.05)  # the training step
+        since += time.perf_counter() - start
+        watch.step(step, 1.0)
+        if watch.last_step == step:
+            trained[step], since = since, 0.0
+    watch.close()
+    trained[9] = since
+    closing, regular = watch.history[-1], watch.history[-2]
+    assert [s.step for s in watch.history] == [4, 8, 9]
+    assert regular.overhead_ratio == pytest.approx(regular.overhead_s / trained[8], rel=0.25)  # 4 steps
+    assert closing.overhead_ratio == pytest.approx(closing.overhead_s / (4 * trained[9]), rel=0.25)  # 1 step of 4

@@ -228,6 +228,7 @@ class Watch:
         self.interval = opts.every_n_steps
         self._samples_taken = 0  # measured samples in this process: probe_every counts them
         self._last_end: float | None = None  # perf_counter() when the previous sample's work ended
+        self._last_end_step: int | None = None  # the step of that sample
         self._after_measure_s = 0.0  # the previous sample's work after its measurement, charged to the next
         self._measured_at: float | None = None
 
@@ -345,7 +346,7 @@ class Watch:
         try:
             return self._sample_now(global_step, loss, policies, begin)
         finally:
-            self._last_end = time.perf_counter()
+            self._last_end, self._last_end_step = time.perf_counter(), global_step
             if self._measured_at is not None:  # what this sample did after measuring is charged to the next
                 self._after_measure_s += self._last_end - self._measured_at
                 self._measured_at = None
@@ -431,8 +432,16 @@ class Watch:
             return
         sample.overhead_s = cost
         if self._last_end is not None:
-            sample.overhead_ratio = cost / max(begin - self._last_end, 1e-9)
+            sample.overhead_ratio = cost / max(self._interval_seconds(sample.step, begin - self._last_end), 1e-9)
         self._after_measure_s = 0.0
+
+    def _interval_seconds(self, step: int, trained: float) -> float:
+        """The training seconds a sample at ``step`` is charged against: ``trained``, the training time since the
+        previous sample ended, stretched to a full `interval` at the same pace when the sample came fewer steps
+        after the previous one (the closing sample of `finish`, an explicit `sample`): the series stays the cost of
+        sampling every `interval` steps instead of jumping by the interval over the steps at the closing sample."""
+        steps = step - (self._last_end_step or 0)
+        return trained * self.interval / steps if 0 < steps < self.interval else trained
 
     def _background_seconds(self) -> float:
         """The exporters' CPU seconds off the training thread since the last sample; one that raises is reported

@@ -34,8 +34,9 @@ class Sample:
     ``overhead_s`` is the Watch's wall time charged to this sample, in seconds: its probe pass and metrics plus
     what the previous sample did after its own (alert rules, stopping, exports) and the CPU time of the exporters'
     background work since (heat-map renders), so every second the Watch takes is counted once. ``overhead_ratio``
-    is ``overhead_s`` over the training wall time since the previous sample ended (None at the first sample of a
-    process, which has no previous one)."""
+    is ``overhead_s`` over the training wall time since the previous sample ended, stretched to a full sampling
+    interval at that pace when the sample came fewer steps after the previous one (the closing sample): the cost
+    of sampling at the Watch's interval (None at the first sample of a process, which has no previous one)."""
 
     step: int
     time: float
