@@ -5,7 +5,9 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from prometheus_client import CollectorRegistry
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_watch import digits, tiny_vit, train  # noqa: F401  (digits: fixture)
 
 from isiwatch import Watch
@@ -104,3 +106,124 @@ def test_a_resumed_run_never_repeats_an_episodes_opening_or_clearing(digits, tmp
         resumed.step(step, 1.0)
     resumed.close()
     assert [(r.kind, r.step) for r in records] == [("non_finite", 4), ("non_finite_cleared", 8)]
+
+
+# -- logs that stay true across a crash ---------------------------------------------------------------------------
+def logged(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_resume_drops_what_the_crashed_run_logged_after_the_checkpoint(digits, tmp_path):  # noqa: F811
+    """The run checkpoints at step 4, samples at 6 (where non_finite clears) and is killed in the middle of a line;
+    resumed from step 4, it samples 6 again (non_finite still open) and clears at 8. The logs hold each step once,
+    and the alert log agrees with the resumed state: no clearing at 6, a torn line nowhere."""
+    _, _, px, py = digits
+    model = tiny_vit()
+    crashed = Watch(model, px, py, every_n_steps=2, log_dir=tmp_path, run_name="r", heatmap_every=1000)
+    for step in range(1, 8):
+        crashed.step(step, float("nan") if step <= 4 else 1.0)
+        if step == 4:
+            checkpoint = saved_and_loaded(crashed, tmp_path / "ckpt.pt")
+    with open(tmp_path / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 8, "run": "r", "lay')  # killed while writing
+    assert [r["step"] for r in logged(tmp_path / "alerts.jsonl")] == [2, 6]  # opened at 2, cleared at 6
+
+    resumed = Watch(model, px, py, every_n_steps=2, log_dir=tmp_path, heatmap_every=1000)
+    resumed.load_state_dict(checkpoint)
+    assert [r["step"] for r in logged(tmp_path / "metrics.jsonl")] == [2, 4]
+    for step in range(5, 9):
+        resumed.step(step, float("nan") if step <= 6 else 1.0)
+    resumed.close()
+    samples = logged(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in samples] == [2, 4, 6, 8] and samples[2]["loss"] is None  # the resumed run's 6
+    assert [(a["kind"], a["step"]) for a in logged(tmp_path / "alerts.jsonl")] == [
+        ("non_finite", 2), ("non_finite_cleared", 8)]
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()  # TensorBoard purges the crashed run's later events (a SessionLog START at step 5)
+    assert [e.step for e in events.Scalars("isiwatch/isi/layer_00")] == [2, 4, 6, 8]
+
+
+def test_a_resume_leaves_other_runs_and_records_up_to_the_checkpoint_alone(digits, tmp_path):  # noqa: F811
+    _, _, px, py = digits
+    model = tiny_vit()
+    other = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="other", heatmap_every=1000)
+    first = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="r", heatmap_every=1000)
+    for step in (1, 2, 3):
+        first.step(step, 1.0)
+        other.step(step, 1.0)
+    state = first.state_dict()  # at step 3: nothing after it
+    first.close()
+    other.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)
+    resumed = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, heatmap_every=1000)
+    resumed.load_state_dict({**state, "step": 1})  # as if the checkpoint had been taken at step 1
+    assert (tmp_path / "metrics.jsonl").read_text() == "".join(lines[i] for i in (0, 1, 3, 5))  # r 1, other 1-3
+    inode = (tmp_path / "metrics.jsonl").stat().st_ino
+    resumed.load_state_dict({**state, "step": 1})  # nothing more to drop: the file is not rewritten
+    assert (tmp_path / "metrics.jsonl").stat().st_ino == inode
+    resumed.close(final_sample=False)
+
+
+@pytest.mark.slow
+def test_a_lightning_run_crashed_between_a_sample_and_the_next_checkpoint_resumes_with_true_logs(digits,  # noqa: F811
+                                                                                                 tmp_path):
+    """Samples every 2 steps, checkpoints every 4: the run crashes at step 7, after the sample of step 6 (where
+    non_finite cleared), and resumes from the step-4 checkpoint, whose state holds non_finite open; the resumed
+    run's data order differs, so its sample of step 6 has another loss. The logs end with one record per step, the
+    resumed run's, and an alert log that agrees with its state."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from isiwatch.integrations.lightning import ISIWatchCallback
+
+    class CrashingViT(pl.LightningModule):
+        """Its probe pass gives NaN while ``trainer.global_step <= nan_until``; its training step raises at global
+        step ``crash_at`` (the batch after that step's sample)."""
+
+        def __init__(self, nan_until, crash_at=None):
+            super().__init__()
+            self.net = tiny_vit(depth=2, dim=16)
+            self.nan_until, self.crash_at = nan_until, crash_at
+            self.net.blocks[1].register_forward_hook(self.nan_on_probe)
+
+        def nan_on_probe(self, module, inputs, output):
+            if inputs[0].shape[0] == len(px) and self.trainer.global_step <= self.nan_until:
+                return output * float("nan")
+            return None
+
+        def training_step(self, batch, batch_idx):
+            if self.global_step == self.crash_at:
+                raise RuntimeError("the job was killed (injected)")
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), 1e-3)
+
+    x, y, px, py = digits
+    log_dir = tmp_path / "isiwatch"
+
+    def fit(module, max_steps, ckpt_path=None):
+        callback = ISIWatchCallback(px, py, every_n_steps=2, log_dir=log_dir, heatmap_every=1000)
+        checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, logger=False,
+                             callbacks=[callback, checkpoints], enable_progress_bar=False,
+                             enable_model_summary=False, default_root_dir=tmp_path, num_sanity_val_steps=0)
+        trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True), ckpt_path=ckpt_path)
+        return callback
+
+    with pytest.raises(RuntimeError, match="killed"):
+        fit(CrashingViT(nan_until=4, crash_at=6), max_steps=12)
+    assert [r["step"] for r in logged(log_dir / "metrics.jsonl")] == [2, 4, 6]
+    assert [(a["kind"], a["step"]) for a in logged(log_dir / "alerts.jsonl") if a["kind"].startswith("non_finite")] \
+        == [("non_finite", 2), ("non_finite_cleared", 6)]
+    crashed_loss = logged(log_dir / "metrics.jsonl")[-1]["loss"]
+
+    resumed = fit(CrashingViT(nan_until=6), max_steps=8, ckpt_path=tmp_path / "ckpt" / "epoch=0-step=4.ckpt")
+    samples = logged(log_dir / "metrics.jsonl")
+    assert [r["step"] for r in samples] == [2, 4, 6, 8]
+    assert samples[2]["loss"] == resumed.watch.history[0].loss != crashed_loss
+    assert [(a["kind"], a["step"]) for a in logged(log_dir / "alerts.jsonl") if a["kind"].startswith("non_finite")] \
+        == [("non_finite", 2), ("non_finite_cleared", 8)]
+    assert {a["run"] for a in logged(log_dir / "alerts.jsonl")} == {resumed.watch.run}

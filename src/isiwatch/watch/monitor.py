@@ -533,12 +533,17 @@ class Watch:
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume alerts, onset tracking and early stopping (not the history)."""
-        return {"version": 1, "run": self.run, "last_step": self.last_step, "should_stop": self.should_stop,
-                "stop_reason": self.stop_reason, "tracker": self.tracker.state_dict(),
+        return {"version": 1, "run": self.run, "step": self._position(), "last_step": self.last_step,
+                "should_stop": self.should_stop, "stop_reason": self.stop_reason, "tracker": self.tracker.state_dict(),
                 "alerts": self._alert_state(), "stoppers": [s.state_dict() for s in self.stoppers],
                 "plateau_stopper": self.plateau_stopper.state_dict() if self.plateau_stopper else None,
                 "isi_stall": [list(p) for p in self.rules.stall], "interval": self.interval,
                 "freezer": self.freezer.state_dict() if self.freezer else None}
+
+    def _position(self) -> int | None:
+        """The step the run has reached: the last one passed to ``step`` or sampled (None before either). A run
+        resumed from this state continues after it, so what a crashed run logged for later steps is dropped."""
+        return max((s for s in (self._seen_step, self.last_step) if s is not None), default=None)
 
     def _alert_state(self) -> dict[str, Any]:
         """The alert episodes to resume, less ``monitor_error``: a fault belongs to this process, not the run."""
@@ -565,7 +570,10 @@ class Watch:
         run = state.get("run", self.run)  # absent in states saved before isiwatch recorded it
         if not isinstance(run, str) or not run:
             raise ValueError(f"invalid Watch state: 'run' must be a non-empty string, got {run!r}")
-        run = self.options.run_name or run  # an explicit run_name wins over the saved one
+        saved, run = run, self.options.run_name or run  # an explicit run_name wins over the saved one
+        step = state.get("step", s["last_step"])  # absent in states saved before isiwatch recorded it
+        if step is not None and not is_count(step):
+            raise ValueError(f"invalid Watch state: 'step' must be null or an int >= 0, got {step!r}")
         interval = state.get("interval", self.options.every_n_steps)  # absent in states saved before it existed
         if not is_count(interval) or interval < 1:
             raise ValueError(f"invalid Watch state: 'interval' must be an int >= 1, got {interval!r}")
@@ -591,6 +599,8 @@ class Watch:
         self.interval = interval
         self.rules.stall.clear()
         self.rules.stall.extend((float(i), float(loss)) for i, loss in s["isi_stall"])
+        if step is not None:  # what a crashed run logged after the checkpoint goes: the resumed run logs it anew
+            self._each("resume", saved, step)
 
     def _rename(self, run: str) -> None:
         if run == self.run:

@@ -93,6 +93,17 @@ class Exporter:
             run: The new name.
         """
 
+    def resume(self, run: str, step: int) -> None:
+        """Training of ``run`` resumes after ``step``, from a checkpoint (the Watch's ``load_state_dict``): drop,
+        where the backend can, what this exporter wrote for that run's later steps. A run that crashed after the
+        checkpoint wrote them, and the resumed run writes those steps anew, so a record that keeps both holds two
+        entries for one step and alert episodes the resumed state contradicts.
+
+        Args:
+            run: The run's saved name (the one the crashed run wrote under).
+            step: The last step the checkpoint covers.
+        """
+
     def background_seconds(self) -> float:
         """CPU seconds this exporter spent off the training thread since the last call (0 by default): the Watch
         adds them to the next sample's overhead, so work moved to a thread is still counted."""

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import math
 import os
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..._utils.files import atomic_write
 from ..alerts import Alert
 from ..sample import Sample
 from .base import Exporter, SampleContext
 
+logger = logging.getLogger("isiwatch")
+
 
 class JsonlExporter(Exporter):
     """Appends one JSON object per line and flushes, so a crashed run keeps everything written so far. Every line
-    is strict JSON: a NaN or infinite number is written as ``null``.
+    is strict JSON: a NaN or infinite number is written as ``null``. A resume drops the lines the crashed run wrote
+    after the checkpoint, so each step of a run has one record (see ``resume``).
 
     Args:
         log_dir: The folder of ``metrics.jsonl`` and ``alerts.jsonl`` (created if missing, by
@@ -66,6 +71,25 @@ class JsonlExporter(Exporter):
     def write_sample(self, sample: Sample, context: SampleContext) -> None:
         self._write("metrics.jsonl", sample.to_dict(context.run))
 
+    def resume(self, run: str, step: int) -> None:
+        """Rewrite both files without ``run``'s records past ``step`` and without a cut-off last line (a run killed
+        while writing it); a file with nothing to drop is left as it is."""
+        for name in ("metrics.jsonl", "alerts.jsonl"):
+            fh = self._files.pop(name, None)  # reopened by the next write: the rewrite replaces the file
+            if fh is not None:
+                fh.close()
+            path = self.dir / name
+            try:
+                with open(path, "rb") as lines:
+                    dropped = sum(_superseded(line, run, step) for line in lines)
+            except FileNotFoundError:
+                continue
+            if dropped:
+                with open(path, "rb") as lines, atomic_write(path) as out:
+                    out.writelines(line for line in lines if not _superseded(line, run, step))
+                logger.info("isiwatch: run %s resumes after step %d: dropped %d line%s of %s that the run wrote "
+                            "after it", run, step, dropped, "s" * (dropped != 1), path)
+
     def write_alert(self, alert: Alert) -> None:
         self._write("alerts.jsonl", alert.to_dict())
 
@@ -73,6 +97,19 @@ class JsonlExporter(Exporter):
         files, self._files = self._files, {}
         for fh in files.values():
             fh.close()
+
+
+def _superseded(line: bytes, run: str, step: int) -> bool:
+    """Whether a resume after ``step`` of ``run`` drops ``line``: a record of that run at a later step, or a line cut
+    off by a kill (no newline: the next append would join it). A line that is not JSON is left to the reader."""
+    if not line.endswith(b"\n"):
+        return True
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    later = isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step
+    return later and record.get("run") == run
 
 
 def _finite(value: Any) -> Any:

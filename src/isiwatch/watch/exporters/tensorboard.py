@@ -231,6 +231,19 @@ class TensorBoardExporter(Exporter):
         if history and history[-1].step != self._written_step:
             self._add_images(history[-1].step, heatmap_images(history, self._panel))
 
+    def resume(self, run: str, step: int) -> None:
+        """Mark the restart in the event file: a ``SessionLog.START`` event at ``step + 1``, on which TensorBoard
+        drops the events of this folder from that step on that earlier event files hold (the crashed run's)."""
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        try:
+            event = Event(step=step + 1, wall_time=time.time(), session_log=SessionLog(status=SessionLog.START))
+            self.writer._get_file_writer().add_event(event)  # type: ignore[no-untyped-call]
+            self.writer.flush()
+        except Exception:
+            self._drop_writer()
+            raise
+
     def write_alert(self, alert: Alert) -> None:
         try:
             self.writer.add_text("isiwatch/alerts", f"**{alert.kind}** ({alert.severity}): {alert.message}",
