@@ -360,3 +360,64 @@ def test_the_demo_trains_with_explicit_attention_and_analyses_with_the_models_ow
     with pytest.raises(RuntimeError), explicit_attention(model):
         raise RuntimeError("training failed")
     assert all(m.fused_attn for m in attention)
+
+
+# -- the plots: labelled axes and colour bars, alert labels inside the frame and apart ---------------------------
+def drawn_figures(monkeypatch):
+    """The figures the plot functions save, kept open instead of written."""
+    from isiwatch.measure import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or Path(path))
+    return figures
+
+
+def test_every_curve_and_colour_bar_is_labelled(monkeypatch, tmp_path):
+    """Each curve panel names its y axis (the metric's label and range) and each heat-map's colour bar names the
+    metric it scales, in a panel drawn alone and in the exporter's one figure updated in place."""
+    from isiwatch.measure.analysis import METRICS, Analysis
+    from isiwatch.measure.plots import HeatmapPanel, heatmap_figure, plot_curves, value_label
+
+    figures = drawn_figures(monkeypatch)
+    layers = {m: [0.1 * b for b in range(4)] for m in METRICS}
+    plot_curves(Analysis(layers, {}, {"depth": 4}), tmp_path / "curves.png")
+    panels = [ax for ax in figures[0].axes if ax.lines]
+    assert [ax.get_ylabel() for ax in panels] == [value_label(m) for m in METRICS]
+    assert value_label("isi") == "isi in [0, 2]" and value_label("isi_recon") == "isi_recon"
+    steps, grid = [10, 20], [[0.5, 0.25], [0.4, 0.2]]
+    fig = heatmap_figure(steps, {"isi": grid, "probe_cls": grid})
+    bars = [ax for ax in fig.axes if not ax.images]  # the colour bars' axes
+    assert [bar.get_ylabel() for bar in bars] == [value_label("isi"), value_label("probe_cls")]
+    assert [f.axes[1].get_ylabel() for _, f in HeatmapPanel().draw(steps, {"isi": grid, "tok": grid})] == [
+        value_label("isi"), "tok"]
+
+
+def test_alert_labels_stay_inside_the_frame_and_apart(monkeypatch, tmp_path):
+    """Records of one step share one label; crowded steps, a record at the first and at the last step: every label
+    inside the axes, none on another, the legend and axis labels inside the figure and off the plot."""
+    from isiwatch.measure.plots import plot_plateau_timeline
+
+    figures = drawn_figures(monkeypatch)
+    steps = list(range(16, 321, 16))
+    spans = [None] * 3 + [(0, 2)] * 5 + [(2, 4)] * 12
+    alerts = [(16, "cls_marginalized"), (64, "slow_start"), (128, "slow_start_cleared"), (128, "plateau_onset"),
+              (144, "isi_stall"), (146, "isi_stall_cleared"), (148, "non_finite"), (150, "non_finite_cleared"),
+              (320, "cls_marginalized_cleared")]
+    plot_plateau_timeline(steps, spans, 6, alerts, tmp_path / "plateau.png", "token_similarity")
+    (fig,) = figures
+    (ax,) = fig.axes
+    renderer = fig.canvas.get_renderer()
+    drawn = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)  # inches -> pixels
+    assert fig.bbox.padded(1).contains(drawn.x0, drawn.y0) and fig.bbox.padded(1).contains(drawn.x1, drawn.y1)
+    legend = fig.legends[0]
+    assert not legend.get_window_extent(renderer).overlaps(ax.get_tightbbox(renderer))  # below the step axis
+    frame = ax.get_window_extent(renderer)
+    boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts}
+    assert "slow_start_cleared, plateau_onset" in boxes and "cls_marginalized" in boxes  # one label a step
+    assert "cls_marginalized_cleared" in boxes  # the last step's, inside the frame too
+    for text, box in boxes.items():
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, text
+        assert not any(box.overlaps(other) for o, other in boxes.items() if o != text), text
+    names = {t.get_text() for t in legend.get_texts()}
+    assert {"plateau_onset", "isi_stall", "dotted: the episode cleared", "plateau (after a Cliff)"} <= names
+    assert ax.get_ylabel() == "block" and ax.get_xlabel() == "training step"

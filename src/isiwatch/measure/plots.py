@@ -10,10 +10,13 @@ from typing import TYPE_CHECKING
 
 from .._utils.files import atomic_write
 from .analysis import STEM_POINTS, Analysis
+from .metric_table import METRIC_TABLE
 from .phases import Phases, plateau_name
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.transforms import Bbox
 
 PHASE_COLOURS = {"cliff": "#f4a582", "plateau": "#92c5de", "climb": "#a6dba0"}
 #: A flat stretch from block 0 (no Cliff before it): a slow start, not the paper's plateau.
@@ -53,8 +56,17 @@ def _panel_margins(fig: Figure, rows: int, cols: int, margin: dict[str, float], 
                         wspace=gap_w / axes_w, hspace=gap_h / axes_h)
 
 
-#: Margins of each curve panel (inches): y tick labels, the two-line stem tick labels and the x label, the title.
-CURVES_MARGIN_IN = {"left": 0.55, "right": 0.1, "bottom": 0.55, "top": 0.3}
+def value_label(metric: str) -> str:
+    """What a metric's axis or colour bar shows: its table label and range (``"isi in [0, 2]"``), or its name."""
+    info = next((m for m in METRIC_TABLE if m.name == metric), None)
+    if info is None:
+        return metric
+    return f"{info.label} in {info.range}" if info.range.startswith("[") else info.label
+
+
+#: Margins of each curve panel (inches): the y axis's label and tick labels, the two-line stem tick labels and the
+#: x label, the title.
+CURVES_MARGIN_IN = {"left": 0.75, "right": 0.1, "bottom": 0.55, "top": 0.3}
 #: Bands below and above the curve panels (inches): the legend, the figure title.
 CURVES_BANDS_IN = (0.4, 0.3)
 
@@ -88,6 +100,7 @@ def plot_curves(analysis: Analysis, path: str | Path, metrics: list[str] | None 
         ax.set_xticks([-2, -1, *ticks], [STEM_POINTS[0], "\n" + STEM_POINTS[1], *map(str, ticks)])  # staggered
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("block", fontsize=8)
+        ax.set_ylabel(value_label(metric), fontsize=8)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(metrics):]:
         ax.axis("off")
@@ -121,9 +134,9 @@ def _phase_label(phases: Phases | None, name: str, span: tuple[int, int]) -> str
 
 #: Size of one heat-map panel (inches; 110 dpi): two side by side fill the report's 1,100 px column.
 HEATMAP_PANEL_IN = (5.0, 3.6)
-#: Margins of each heat-map panel (inches): the block axis on the left, the colour bar's tick labels on the right,
-#: the step axis below, the title above.
-HEATMAP_MARGIN_IN = {"left": 0.6, "right": 0.6, "bottom": 0.5, "top": 0.3}
+#: Margins of each heat-map panel (inches): the block axis on the left, the colour bar's tick labels and label on the
+#: right, the step axis below, the title above.
+HEATMAP_MARGIN_IN = {"left": 0.6, "right": 0.85, "bottom": 0.5, "top": 0.3}
 
 
 def heatmap_figure(steps: Sequence[int], grids: dict[str, Sequence[Sequence[float]]]) -> Figure:
@@ -144,7 +157,9 @@ def heatmap_figure(steps: Sequence[int], grids: dict[str, Sequence[Sequence[floa
         grid = np.asarray(rows, dtype=float).T
         image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest",
                           extent=_heatmap_extent(steps, grid.shape[0]))
-        fig.colorbar(image, ax=ax, fraction=0.046).ax.tick_params(labelsize=8)
+        bar = fig.colorbar(image, ax=ax, fraction=0.046)
+        bar.ax.tick_params(labelsize=8)
+        bar.set_label(value_label(metric), fontsize=8)
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("training step", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(5, integer=True))  # six-digit steps stay apart
@@ -189,6 +204,7 @@ class HeatmapPanel:
                 image.set_extent(_heatmap_extent(steps, grid.shape[0]))
                 image.norm.autoscale(np.ma.masked_invalid(grid))  # this metric's range, as a new panel's
                 ax.title.set_text(metric)  # in the first panel's style
+                self._fig.axes[1].yaxis.label.set_text(value_label(metric))  # its colour bar's
             yield metric, self._fig
 
 
@@ -197,33 +213,91 @@ def plot_heatmaps(steps: Sequence[int], grids: dict[str, Sequence[Sequence[float
     return _save(heatmap_figure(steps, grids), path)
 
 
+#: Size of the plateau timeline (inches; 110 dpi) and its margins: the block axis on the left, the step axis below,
+#: the title above; the legend gets a band below the step axis.
+TIMELINE_IN = (9.0, 3.4)
+TIMELINE_MARGIN_IN = {"left": 0.6, "right": 0.15, "bottom": 0.45, "top": 0.3}
+#: Legend entries a row, and the height (inches) of one row of the legend band.
+TIMELINE_LEGEND_COLUMNS, TIMELINE_LEGEND_ROW_IN = 4, 0.2
+
+
 def plot_plateau_timeline(steps: Sequence[int], spans: Sequence[tuple[int, int] | None], depth: int,
                           alerts: Sequence[tuple[int, str]], path: str | Path, metric: str) -> Path:
     """The flat stretch (blocks) at each sample, a slow start (from block 0) and a plateau after a Cliff in their
     own colours, with alert records as vertical markers: an episode's opening dashed, its ``*_cleared`` record
-    dotted, both labelled."""
+    dotted, in the kind's colour (the legend below names them). The records of one step share one rotated label,
+    placed where it stays inside the frame and off the other labels (`_place_alert_labels`)."""
+    from matplotlib.artist import Artist
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 3.4))
+    fig, ax = plt.subplots(figsize=TIMELINE_IN)
+    handles: list[Artist] = []
     for name, colour in (("slow start", SLOW_START_COLOUR), ("plateau", PHASE_COLOURS["plateau"])):
         shown = [s if s and plateau_name(s) == name else None for s in spans]
         if any(shown):
             lo = [s[0] - 0.5 if s else math.nan for s in shown]
             hi = [s[1] + 0.5 if s else math.nan for s in shown]
-            ax.fill_between(steps, lo, hi, step="mid", color=colour, alpha=0.8,
-                            label=name + (" (from block 0, no Cliff)" if name == "slow start" else " (after a Cliff)"))
+            ax.fill_between(steps, lo, hi, step="mid", color=colour, alpha=0.8)
+            where = " (from block 0, no Cliff)" if name == "slow start" else " (after a Cliff)"
+            handles.append(Patch(color=colour, alpha=0.8, label=name + where))
     for step, kind in alerts:
         opened = kind.removesuffix("_cleared")
-        ax.axvline(step, color=ALERT_COLOURS.get(opened, "#999999"), ls=":" if opened != kind else "--", lw=1)
-        ax.annotate(kind, (step, depth - 0.5), rotation=90, fontsize=7, va="top", ha="right")
+        ax.axvline(step, color=_alert_colour(opened), ls=":" if opened != kind else "--", lw=1)
+    for opened in dict.fromkeys(kind.removesuffix("_cleared") for _, kind in alerts):
+        handles.append(Line2D([], [], color=_alert_colour(opened), ls="--", lw=1, label=opened))
+    if any(kind.endswith("_cleared") for _, kind in alerts):
+        handles.append(Line2D([], [], color="#555555", ls=":", lw=1, label="dotted: the episode cleared"))
+    rows = math.ceil(len(handles) / TIMELINE_LEGEND_COLUMNS)
+    fig.set_size_inches(TIMELINE_IN[0], TIMELINE_IN[1] + rows * TIMELINE_LEGEND_ROW_IN)
+    _panel_margins(fig, 1, 1, TIMELINE_MARGIN_IN, bottom_band=rows * TIMELINE_LEGEND_ROW_IN + 0.05)
+    everything = [*steps, *(step for step, _ in alerts)]
+    first, last = min(everything), max(everything)
+    pad = max(0.5, 0.01 * (last - first))
+    ax.set_xlim(first - pad, last + pad)
     ax.set_ylim(-0.5, depth - 0.5)
     ax.set_xlabel("training step", fontsize=8)
     ax.set_ylabel("block", fontsize=8)
     ax.set_title(f"flat stretch of {metric} over training", fontsize=10)
     ax.tick_params(labelsize=7)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    if handles:
+        fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), TIMELINE_LEGEND_COLUMNS), fontsize=7,
+                   frameon=False)
+    _place_alert_labels(ax, alerts)
     return _save(fig, path)
+
+
+#: A label's backdrop: readable where it crosses another marker or the shading.
+LABEL_BACKGROUND = {"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
+
+
+def _alert_colour(kind: str) -> str:
+    return ALERT_COLOURS.get(kind, "#999999")
+
+
+def _place_alert_labels(ax: Axes, alerts: Sequence[tuple[int, str]]) -> None:
+    """One rotated label a step (its records' kinds), at the first place, left or right of the marker, hanging from
+    the top or standing on the bottom, where it lies inside the axes and off the labels placed before; a label with
+    no such place is left out (its marker's colour and style still name it in the legend)."""
+    by_step: dict[int, list[str]] = {}
+    for step, kind in alerts:
+        by_step.setdefault(step, []).append(kind)
+    renderer = ax.figure.canvas.get_renderer()  # type: ignore[attr-defined]  # Agg's, as _pyplot selects
+    frame = ax.get_window_extent(renderer)
+    placed: list[Bbox] = []
+    places = [(y, dx, ha) for y in (1, 0) for dx, ha in ((-2, "right"), (2, "left"))]
+    for step, kinds in sorted(by_step.items()):
+        for y, dx, ha in places:
+            label = ax.annotate(", ".join(dict.fromkeys(kinds)), (step, y), xycoords=("data", "axes fraction"),
+                                xytext=(dx, -3 if y else 3), textcoords="offset points", rotation=90, fontsize=7,
+                                ha=ha, va="top" if y else "bottom", bbox=LABEL_BACKGROUND)
+            box = label.get_window_extent(renderer)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.padded(2).overlaps(other) for other in placed):
+                placed.append(box)
+                break
+            label.remove()
 
 
 ALERT_COLOURS = {"plateau_onset": "#d6604d", "slow_start": "#f4a582", "isi_stall": "#b2182b",
