@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_truncate_explain import DEMO
 from test_watch import tiny_vit
 
 import isiwatch
@@ -28,6 +29,8 @@ from isiwatch.cli.report import read_run, write_report
 from isiwatch.io.data import embedded_digits
 from isiwatch.measure.depth import recommend_depth
 from isiwatch.measure.tables import recommendation_text
+from isiwatch.truncation.explain import story_lines
+from isiwatch.truncation.truncate_report import verdict_line
 
 SERVE_S = 3
 SERVED = {}  # what demo_run's scraper saw
@@ -117,6 +120,10 @@ def test_quick_demo_writes_the_run_directory(demo_run):
     assert report["cost"]["truncated"]["blocks"] < QUICK.depth and search["winner"] is not None
     assert f"--max-drop {QUICK.max_drop:g} --confidence 0.95" in output
     assert f"cut to {len(report['kept_blocks'])} of {QUICK.depth} blocks" in output
+    lines = output.splitlines()
+    assert lines[lines.index(verdict_line(report)) + 1:][:len(story_lines(report))] == story_lines(report)
+    assert f"recommended depth {analysis['recommendation']['depth']} of {QUICK.depth} vs cut to " in output
+    assert "recommended depth: " in output and ": a signal from one analysis pass of the trained model" in output
     full = search["full_heal"]
     judged = full if full and full["qualifies"] else search["winner"]  # the model kept
     assert judged["validation_drop"]["upper_bound_points"] <= QUICK.max_drop
@@ -162,7 +169,8 @@ def test_report_shows_the_recommended_depth_and_reads_older_files(tmp_path):
     write_json(run / "analysis.json", analysis_record(result))
     trained = recommend_depth(result).to_dict()
     page = write_report(run, tmp_path / "new")[-1].read_text()
-    assert f"<td>recommended depth of the trained model</td><td>{recommendation_text(trained)}</td>" in page
+    assert (f"<td>recommended depth of the trained model (one analysis pass, no healing)</td>"
+            f"<td>{recommendation_text(trained)}</td>") in page
     assert f"<td>recommended depth at the last sample</td><td>{recommendation_text(at_last)}</td>" in page
     assert f"{trained['depth']} of 4 blocks (signal {trained['signal']}; " in page
 
@@ -295,9 +303,15 @@ def test_report_renders_in_headless_chromium_with_plots_visible(demo_run, tmp_pa
     defined = [html.unescape(t) for t in re.findall(r"<dt>(.*?)</dt>", dom.stdout)]
     assert {"layer", "bi", "probe_pm", "tok_sim", "phase"} <= set(columns) and set(columns) <= set(defined)
     for text in ("pre_pe: the patch embeddings", "slow start (a flat stretch from block 0", "plateau onset",
-                 "Candidates", "a cut qualifies within", "verdict", "bi: "):
+                 "Candidates", "a cut qualifies when the upper 95 % confidence bound of its paired validation drop",
+                 "the bound decides, not the observed drop", "verdict", "bi: ", "truncation (validated cut)"):
         assert text in html.unescape(body), text
     report = json.loads((out / "truncate_report.json").read_text())
+    for line in story_lines(report):  # the terminal's story, on the page
+        assert line in html.unescape(body), line
+    candidates = re.search(r"<h3>Candidates</h3>.*?<thead><tr>(.*?)</tr>", dom.stdout, re.S)[1]
+    assert {"images", "drop", "upper bound", "verdict"} <= set(re.findall(r"<th>(.*?)</th>", candidates))
+    assert "<th>resumed</th>" not in dom.stdout  # none was resumed
     verdicts = re.findall(r"<td>(winner|within the bound|outside the bound)</td>", dom.stdout)
     assert len(verdicts) == len(report["search"]["candidates"]) >= 1
     shot = tmp_path / "page.png"
@@ -421,3 +435,44 @@ def test_alert_labels_stay_inside_the_frame_and_apart(monkeypatch, tmp_path):
     names = {t.get_text() for t in legend.get_texts()}
     assert {"plateau_onset", "isi_stall", "dotted: the episode cleared", "plateau (after a Cliff)"} <= names
     assert ax.get_ylabel() == "block" and ax.get_xlabel() == "training step"
+
+
+# -- the truncation section: one story with the terminal ------------------------------------------------------
+def truncation_report(**search):
+    """The issue's demo report (test_truncate_explain.DEMO) with the cost and accuracy fields a report has."""
+    cost = {"blocks": 12, "parameters": 100, "flops_per_image": 2e6, "latency_ms": 3.0}
+    return {**DEMO, "latency_batch": 64, "cost": {"uncut": cost, "truncated": {**cost, "blocks": 9}},
+            "accuracy": {"uncut": 0.89, "cut": 0.80, "healed": 0.88}, "agreement": {"cut": 0.85, "healed": 0.95},
+            "search": {**DEMO["search"], "uncut_validation_accuracy": 0.89, "validation_images": 500,
+                       "test": {"points": 0.4, "images": 500, "within_max_drop": True},
+                       "rule": {"method": "Clopper-Pearson on each discordant count"}, **search}}
+
+
+def test_the_truncation_section_tells_the_terminals_story_with_a_full_candidates_table():
+    """The depth story, the dropped blocks' reason and the figures line as on the terminal; the candidates with
+    their validation images, drop, upper bound and verdict (the screening rows) and the winner's full heal as its
+    own, final row; the caption says the bound, not the observed drop, decides; no resumed column unless one was
+    resumed."""
+    from isiwatch.cli.report import _truncation_table
+    from isiwatch.truncation.explain import story_lines
+
+    report = truncation_report()
+    section = html.unescape(_truncation_table(report))
+    for line in story_lines(report):
+        assert line in section, line
+    header = re.search(r"<h3>Candidates</h3>.*?<thead><tr>(.*?)</tr>", section, re.S)[1]
+    columns = re.findall(r"<th>(.*?)</th>", header)
+    assert columns[:10] == ["tested", "strategy", "blocks", "kept", "heal steps", "images", "val cut", "val healed",
+                            "drop", "upper bound"] and columns[-1] == "verdict" and "resumed" not in columns
+    rows = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(<td>.*?)</tr>", section.split(
+        "<h3>Candidates</h3>")[1])]
+    winner = next(row for row in rows if row[-1] == "winner")
+    assert winner[:10] == ["screening heal", "bi", "9", "0,1,2,3,4,5,6,7,8", "16", "500", "0.850", "0.870", "1.20",
+                           "3.95"]
+    assert rows[-1][:10] == ["full heal (final)", "bi", "9", "0,1,2,3,4,5,6,7,8", "64", "500", "0.850", "0.892",
+                             "-0.20", "2.34"] and rows[-1][-1] == "kept (final)"
+    assert "the bound decides, not the observed drop" in section and "upper 95 % confidence bound" in section
+    assert "(full heal)" in section.split("<table>")[0]  # the caption's healing steps are the full heal's
+    resumed = truncation_report(candidates=[{**c, "resumed": i == 0} for i, c in enumerate(
+        DEMO["search"]["candidates"])])
+    assert "<th>resumed</th>" in _truncation_table(resumed)

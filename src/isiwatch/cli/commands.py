@@ -482,6 +482,7 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     from .._utils.option_error import OptionError
     from ..io.timm_data import TimmDataset
     from ..truncation.data_split import Data
+    from ..truncation.explain import story_lines
     from ..truncation.journal import journal_path
     from ..truncation.truncate import candidates_table, report_table, truncate
     from ..truncation.truncate_report import verdict_line
@@ -523,6 +524,8 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     click.echo(report_table(result.report))
     if result.report["search"]:
         click.echo(verdict_line(result.report))
+    for line in story_lines(result.report):
+        click.echo(line)
     for path in result.paths:
         click.echo(_wrote(path, existing))
     if result.report.get("validate_command"):

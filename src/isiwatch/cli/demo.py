@@ -3,9 +3,10 @@
 Trains a small timm ViT with [`Watch`][isiwatch.Watch] attached (TensorBoard events, ``metrics.jsonl``,
 ``alerts.jsonl``, a Prometheus endpoint on 127.0.0.1 while it runs), analyses the trained model on the
 held-out digits (``analysis.json`` with the recommended depth, ``curves.png``), truncates it to the
-cheapest healed depth whose accuracy drop is certified within the demo's stated bound (``truncate --strategy
-auto`` under the same acceptance rule as the command: ``truncated.pt``, ``truncate_report.json``) and writes the
-report (``report/report.html``).
+fewest blocks, as cut or healed, whose accuracy drop is certified within the demo's stated bound (``truncate
+--strategy auto`` under the same acceptance rule as the command: ``truncated.pt``, ``truncate_report.json``),
+says in one sentence how that cut and the recommended depth relate (`story_lines`) and writes the report
+(``report/report.html``), which tells the same story.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..io.checkpoint import save_checkpoint, sha256_of
 from ..io.data import DIGITS_TRAIN, embedded_digits
 from ..measure.analysis import analyze
 from ..measure.tables import analysis_table, phases_line, recommendation_text
+from ..truncation.explain import story_lines
 from ..truncation.healing import DIGITS_VIT_ARCH, accuracy, make_digits_vit, train_classifier
 from ..truncation.strategies import DEFAULT_CONFIDENCE
 from ..truncation.truncate import candidates_table, report_table, truncate
@@ -118,10 +120,10 @@ def explicit_attention(model: nn.Module) -> Iterator[None]:
 @dataclass(frozen=True)
 class DemoSettings:
     """Model depth, training epochs (32 steps each) and peak learning rate, sampling interval, and the cut:
-    ``max_drop`` (points; certified at `DEFAULT_CONFIDENCE` over ``cut_budget`` + 1 bounds on the 500
-    validation digits, where even a perfect cut's bound is about 1 point), the candidates ``truncate --strategy
-    auto`` may screen, the screening and full healing steps, and whether healing distils the uncut model's logits
-    (a healed cut that copies the uncut model's answers has few discordant images, so a tight bound)."""
+    ``max_drop`` (points; certified at `DEFAULT_CONFIDENCE` on the 500 validation digits by ``truncate``'s
+    rule), the candidates ``truncate --strategy auto`` may screen, the screening and full healing steps, and
+    whether healing distils the uncut model's logits (a healed cut that copies the uncut model's answers has few
+    discordant images, so a tight bound)."""
 
     depth: int
     epochs: int
@@ -227,13 +229,14 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
             analysis_path = write_analysis(result, out)[0]
         echo(analysis_table(result))
         echo(phases_line(result))
-        echo(f"recommended depth: {recommendation_text(record['recommendation'])}")
+        echo(f"recommended depth: {recommendation_text(record['recommendation'])}: a signal from one analysis "
+             "pass of the trained model, no healing; truncate checks real cuts below")
 
         echo(f"truncate --strategy auto --max-drop {settings.max_drop:g} --confidence {DEFAULT_CONFIDENCE:g} "
              f"--budget {settings.cut_budget} --screen-steps {settings.screen_steps} --heal-steps "
-             f"{settings.heal_steps}" + (" --distill" if settings.distill else "") + ": the cheapest healed cut "
-             f"whose accuracy drop on the validation digits is within {settings.max_drop:g} points at "
-             f"{100 * DEFAULT_CONFIDENCE:g} % confidence")
+             f"{settings.heal_steps}" + (" --distill" if settings.distill else "") + ": the fewest blocks, as cut "
+             f"or healed, whose accuracy drop on the validation digits is certified within {settings.max_drop:g} "
+             f"points at {100 * DEFAULT_CONFIDENCE:g} % confidence")
         with clock.phase("truncate"):
             # the digits as the tensors already in memory: the same 4,000 healing / 1,000 held-out split, pixels and
             # normalisation as `truncate --data mnist`, without parsing the CSV again and a PIL transform per image
@@ -245,6 +248,8 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
         echo(candidates_table(truncated.report))
         echo(report_table(truncated.report))
         echo(verdict_line(truncated.report))
+        for line in story_lines(truncated.report):
+            echo(line)
         with clock.phase("report"):
             report_paths = write_report(out, out / "report")
         echo(f"wrote {out}/: model.pt, analysis.json, curves.png, metrics.jsonl, alerts.jsonl, TensorBoard events, "

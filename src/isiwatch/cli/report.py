@@ -24,8 +24,9 @@ from ..measure.metric_table import HEATMAP_METRICS, METRIC_TABLE
 from ..measure.phases import plateau_name
 from ..measure.plots import plot_curves, plot_heatmaps, plot_plateau_timeline
 from ..measure.tables import analysis_rows, recommendation_text
+from ..truncation.explain import depth_story, dropped_line, figures_line, judged
 from ..truncation.strategies import STRATEGIES
-from ..truncation.truncate_report import report_rows
+from ..truncation.truncate_report import report_rows, verdict_line
 
 
 @dataclass
@@ -222,7 +223,11 @@ def _summary(records: RunRecords) -> str:
     if (at_last := _recommendation(last.get("recommendation"))) is not None:
         rows.append(["recommended depth at the last sample", recommendation_text(at_last)])
     if records.recommendation is not None:
-        rows.append(["recommended depth of the trained model", recommendation_text(records.recommendation)])
+        rows.append(["recommended depth of the trained model (one analysis pass, no healing)",
+                     recommendation_text(records.recommendation)])
+    if records.truncation:  # the validated counterpart, reconciled with it in the Truncation section
+        kept, depth = len(records.truncation["kept_blocks"]), records.truncation["cost"]["uncut"]["blocks"]
+        rows.append(["truncation (validated cut)", f"{kept} of {depth} blocks, {records.truncation['strategy']}"])
     rows.append(["median sample cost", f"{statistics.median(s['duration_s'] for s in records.samples):.3f} s"])
     return _table(["", ""], rows)
 
@@ -246,12 +251,16 @@ def _glossary(columns: Sequence[str]) -> str:
     return f'<dl class="glossary">{items}</dl>'
 
 
-#: Columns of the truncation candidates table, with the candidate field each reads.
-CANDIDATE_COLUMNS = (("strategy", "strategy"), ("blocks", "keep"), ("kept", "kept_blocks"),
+#: Columns of the truncation candidates table, with the candidate field each reads (dotted: nested); a column no
+#: candidate has (a report written before it existed) is left out.
+CANDIDATE_COLUMNS = (("tested", "chain"), ("strategy", "strategy"), ("blocks", "keep"), ("kept", "kept_blocks"),
+                     ("heal steps", "healing_steps"), ("images", "validation_drop.images"),
                      ("val cut", "validation_accuracy.cut"), ("val healed", "validation_accuracy.healed"),
+                     ("drop", "validation_drop.points"), ("upper bound", "validation_drop.upper_bound_points"),
                      ("params", "parameters"), ("MFLOPs/img", "flops_per_image"), ("latency ms", "latency_ms"))
-KNOWN_CANDIDATE_FIELDS = {"strategy", "keep", "kept_blocks", "validation_accuracy", "parameters", "flops_per_image",
-                          "latency_ms", "qualifies", "winner", "healing_steps"}
+#: What the ``tested`` column says for each sequence of the search.
+TESTED = {"cut": "as cut", "healed": "screening heal"}
+KNOWN_CANDIDATE_FIELDS = {key.split(".")[0] for _, key in CANDIDATE_COLUMNS} | {"qualifies", "winner", "resumed"}
 
 
 def _field(record: dict[str, Any], dotted: str) -> object:
@@ -261,45 +270,101 @@ def _field(record: dict[str, Any], dotted: str) -> object:
     return value
 
 
-def _cell(value: object) -> object:
+def _cell(key: str, value: object) -> object:
+    if value is None:
+        return "–"
     if isinstance(value, list):
         return ",".join(map(str, value))
-    return "–" if value is None else value
+    if key == "chain":
+        return TESTED.get(str(value), value)
+    if key == "flops_per_image" and isinstance(value, (int, float)):
+        return value / 1e6
+    if key.startswith("validation_drop.") and key != "validation_drop.images" and isinstance(value, (int, float)):
+        return f"{value:.2f}"
+    return value
 
 
-def _candidates(search: dict[str, Any]) -> str:
-    """The cuts ``auto`` healed, each with its verdict, the bound they were held to and the search's answer. Fields
-    a report lacks are left out; fields this page does not know are shown as they are."""
+def _rule_caption(search: dict[str, Any]) -> str:
+    """The rule the candidates were held to, worded so that accuracies a few points apart next to "outside the
+    bound" read as what they are: the bound on the drop decides, not the observed drop."""
+    parts = []
+    if _number(search.get("uncut_validation_accuracy")):
+        images = search.get("validation_images")
+        parts.append(f"uncut validation accuracy {search['uncut_validation_accuracy']:.3f}"
+                     + (f" on {images} images" if images else ""))
+    if _number(search.get("max_drop")):
+        points = f"{search['max_drop']:g} point{'' if search['max_drop'] == 1 else 's'}"
+        confidence = search.get("confidence") or 0
+        if confidence:
+            method = (search.get("rule") or {}).get("method")
+            parts.append(f"a cut qualifies when the upper {100 * confidence:g} % confidence bound of its paired "
+                         f"validation drop (the uncut model's accuracy minus the cut's, image by image) is at most "
+                         f"{points}" + (f" ({method})" if method else "") + ": the bound decides, not the observed "
+                         f"drop, so a cut whose accuracy is within {points} of the uncut model's is still outside "
+                         "the bound when too few images tell the two apart")
+        else:
+            parts.append(f"a cut qualifies when its observed validation drop (a point estimate) is at most {points}")
+    parts.append("drop and upper bound in accuracy points; a screening heal is the search's short heal, the full "
+                 "heal the winner's final one")
+    return "; ".join(parts)
+
+
+def _full_heal_row(search: dict[str, Any], columns: Sequence[tuple[str, str]]) -> list[object] | None:
+    """The winner healed afresh in full, as a row of the candidates table (its final figures), or None."""
+    full, winner = search.get("full_heal"), search.get("winner")
+    if not isinstance(full, dict) or not isinstance(winner, dict):
+        return None
+    record = {**winner, "chain": "full heal (final)", "healing_steps": full.get("healing_steps"),
+              "validation_drop": full.get("validation_drop"),
+              "validation_accuracy": {**winner.get("validation_accuracy", {}),
+                                      "healed": full.get("validation_accuracy")}}
+    verdict = "kept (final)" if full.get("qualifies") else "not certified: the screened model is kept"
+    return [_cell(key, _field(record, key)) for _, key in columns] + [verdict]
+
+
+def _verdict(report: dict[str, Any]) -> str:
+    """The terminal's verdict line; a report written before the fields it reads existed gives its message."""
+    try:
+        return verdict_line(report)
+    except (KeyError, TypeError):
+        return str(report["search"].get("message") or "")
+
+
+def _candidates(report: dict[str, Any]) -> str:
+    """The cuts ``auto`` tested, in testing order, each with its validation images, drop, upper bound and
+    verdict, then the winner's full heal (its final figures); the rule above, the verdict below. Fields a report
+    lacks are left out; fields this page does not know are shown as they are."""
+    search = report["search"]
     candidates = [c for c in search.get("candidates") or [] if isinstance(c, dict)]
+    columns = [(label, key) for label, key in CANDIDATE_COLUMNS if any(_field(c, key) is not None for c in candidates)]
+    resumed = any(c.get("resumed") for c in candidates)  # a column only when it says something
     extra = sorted({k for c in candidates for k, v in c.items()
                     if k not in KNOWN_CANDIDATE_FIELDS and isinstance(v, (int, float, str, type(None)))})
-    header = [label for label, _ in CANDIDATE_COLUMNS] + extra + ["verdict"]
-    rows = [[_cell(c["flops_per_image"] / 1e6 if key == "flops_per_image" and _number(c.get(key))
-                   else _field(c, key)) for _, key in CANDIDATE_COLUMNS]
-            + [_cell(c.get(k)) for k in extra]
+    extra += ["resumed"] if resumed else []
+    header = [label for label, _ in columns] + extra + ["verdict"]
+    rows = [[_cell(key, _field(c, key)) for _, key in columns] + [_cell(k, c.get(k)) for k in extra]
             + ["winner" if c.get("winner") else "within the bound" if c.get("qualifies") else "outside the bound"]
             for c in candidates]
-    bound = [f"uncut validation accuracy {search['uncut_validation_accuracy']:.3f}"
-             if _number(search.get("uncut_validation_accuracy")) else "",
-             f"a cut qualifies within {search['max_drop']:g} point{'' if search['max_drop'] == 1 else 's'}"
-             if _number(search.get("max_drop")) else ""]
-    bound += [f"{key.replace('_', ' ')}: {value}" for key, value in sorted(search.items())
-              if "bound" in key and isinstance(value, (int, float, str))]
-    verdict = search.get("message") or (f"winner: {search['winner_strategy']}" if search.get("winner_strategy")
-                                        else "")
-    caption = "; ".join(part for part in [*bound, verdict] if part)
-    return f"<p>{html.escape(caption)}</p>" + (_table(header, rows) if rows else "<p>No candidates.</p>")
+    if rows and (final := _full_heal_row(search, columns)) is not None:
+        rows.append(final[:len(columns)] + ["–"] * len(extra) + final[len(columns):])
+    after = [line for line in (figures_line(report), _verdict(report)) if line]
+    return (f"<p>{html.escape(_rule_caption(search))}</p>" + (_table(header, rows) if rows else "<p>No candidates.</p>")
+            + "".join(f"<p>{html.escape(line)}</p>" for line in after))
 
 
 def _truncation_table(report: dict[str, Any]) -> str:
     steps = report["healing_steps"]
+    figures = judged(report["search"]) if isinstance(report.get("search"), dict) else None
     caption = (f"strategy {report['strategy']}, kept blocks {report['kept_blocks']}, "
-               f"{steps} healing step{'' if steps == 1 else 's'}")
-    parts = [f"<p>{html.escape(caption)}</p>", _table(*report_rows(report))]
+               f"{steps} healing step{'' if steps == 1 else 's'}" + (f" ({figures[1]})" if figures else ""))
+    parts = [f'<p class="story">{html.escape(story)}</p>' for story in (depth_story(report),) if story]
+    parts += [f"<p>{html.escape(caption)}</p>", _table(*report_rows(report))]
+    if (dropped := dropped_line(report)) is not None:
+        parts.append(f"<p>{html.escape(dropped)}</p>")
     if isinstance(report.get("search"), dict):
-        parts += ["<h3>Candidates</h3>", _candidates(report["search"])]
+        parts += ["<h3>Candidates</h3>", _candidates(report)]
     strategies = "; ".join(f"{name}: {s.description}" for name, s in STRATEGIES.items())
-    parts.append(f"<p>Strategies: auto: the cheapest healed cut within the bound; {html.escape(strategies)}. "
+    parts.append(f"<p>Strategies: auto: the cheapest cut within the bound; {html.escape(strategies)}. "
                  "Columns: blocks kept, parameters, forward MFLOPs per image, latency per batch, held-out accuracy "
                  "and agreement of the top-1 prediction with the uncut model; val: validation accuracy.</p>")
     return "".join(parts)

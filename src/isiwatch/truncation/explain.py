@@ -1,0 +1,131 @@
+"""The truncation report in sentences, for the terminal and the HTML report alike, so both tell one story: what
+the recommended depth and the cut each mean and why they differ (`depth_story`), why the strategy dropped the
+blocks it dropped (`dropped_line`), and which figures come from a screening heal and which from the full heal
+(`figures_line`). Each reads only the report dict (``truncate_report.json``); fields an older report lacks leave
+their part out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .strategies import STRATEGIES
+
+__all__ = ["depth_story", "dropped_line", "figures_line", "judged", "story_lines"]
+
+
+def _points(value: float) -> str:
+    return f"{value:g} point{'' if value == 1 else 's'}"
+
+
+def _blocks(blocks: list[int]) -> str:
+    return ", ".join(map(str, blocks)) if blocks else "none"
+
+
+def judged(search: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """The figures the search's answer stands on, and what they are: the winner's full heal when it was healed
+    again and that heal qualified ("full heal"), else the winner's own row ("as cut" or "screening heal"); None
+    when nothing was cut."""
+    winner = search.get("winner")
+    if not winner:
+        return None
+    full = search.get("full_heal")
+    if full and full.get("qualifies"):
+        return full, "full heal"
+    return winner, "as cut" if winner.get("chain") == "cut" or not winner.get("healing_steps") else "screening heal"
+
+
+def _validated(search: dict[str, Any], record: dict[str, Any], kind: str) -> str:
+    """What the cut means: the fewest blocks whose validation drop (``record``'s, a ``kind`` of `judged`) passed
+    the rule."""
+    steps = record.get("healing_steps", 0)
+    whole = "" if steps < search.get("heal_steps", steps + 1) else ", as many as a full heal"
+    how = {"full heal": f"after its full heal ({steps} steps)", "as cut": "as cut, without healing",
+           "screening heal": f"after its screening heal ({steps} steps{whole})"}[kind]
+    drop, confidence = record["validation_drop"], search.get("confidence") or 0
+    bound = (f"at {100 * confidence:g} % confidence (upper bound {drop['upper_bound_points']:.2f} points)"
+             if confidence else f"(observed drop {drop['points']:.2f} points, a point estimate)")
+    return (f"the fewest blocks whose validation accuracy {how} stays within {_points(search['max_drop'])} of the "
+            f"uncut model's {bound}")
+
+
+def depth_story(report: dict[str, Any]) -> str | None:
+    """One sentence that reconciles the recommended depth with the ``auto`` cut: what each means and, when they
+    differ, why. None for a fixed strategy or a report without a recommendation."""
+    search, recommendation = report.get("search"), report.get("recommendation")
+    if not isinstance(search, dict) or not isinstance(recommendation, dict):
+        return None
+    depth, recommended = recommendation["source_depth"], recommendation["depth"]
+    signal = (f"the recommendation is a signal from one analysis pass of the uncut model "
+              f"({recommendation['signal']}), with no healing and no accuracy measured")
+    figures = judged(search)
+    if figures is None:
+        why = ("they agree" if recommended == depth else "they differ because no real cut passed the bound on the "
+               "validation images (the verdict names the closest)")
+        return (f"recommended depth {recommended} of {depth}, no cut: {signal}; no cut was certified, so all {depth} "
+                f"blocks are kept; {why}")
+    kept = len(report["kept_blocks"])
+    if kept < recommended:
+        healing = "healing lets the kept blocks take over from the dropped ones and " if figures[1] != "as cut" else ""
+        why = (f"they differ because {healing}the search measures what real cuts lose against the "
+               f"{_points(search['max_drop'])} allowed, which one analysis pass cannot see")
+    elif kept > recommended:
+        why = f"they differ because no cut to fewer than {kept} blocks was certified{_first_failure(search, kept)}"
+    else:
+        dropped, wanted = report.get("dropped_blocks", []), recommendation["blocks_to_drop"]
+        why = "they agree" + ("" if sorted(dropped) == sorted(wanted) else
+                              f" on the depth, not on the blocks (recommended to drop {_blocks(wanted)}, "
+                              f"dropped {_blocks(dropped)})")
+    return (f"recommended depth {recommended} of {depth} vs cut to {kept} of {depth}: {signal}; the cut is "
+            f"{_validated(search, *figures)}; {why}")
+
+
+def _first_failure(search: dict[str, Any], kept: int) -> str:
+    """Where the candidates stopped below ``kept`` blocks, as a clause: the first that failed there, or the
+    candidate budget when none was tried."""
+    failed = [c for c in search.get("candidates") or [] if c["keep"] < kept and not c["qualifies"]]
+    if not failed:
+        return " (the candidate budget ran out first)"
+    first = max(failed, key=lambda c: c["keep"])
+    how = "as cut" if first.get("chain") == "cut" else "screened"
+    return (f": the first that failed, keeping {first['keep']} ({how}), had an upper bound of "
+            f"{first['validation_drop']['upper_bound_points']:.2f} points > {search['max_drop']:g}")
+
+
+def dropped_line(report: dict[str, Any]) -> str | None:
+    """The blocks the cut dropped and the strategy's reason for them; None when nothing was cut."""
+    dropped = report.get("dropped_blocks")
+    if not dropped:
+        return None
+    strategy = str(report.get("strategy", "")).removeprefix("auto: ")
+    reason = STRATEGIES[strategy].description if strategy in STRATEGIES else strategy
+    if strategy in ("bi", "angular"):
+        reason += ", measured on the uncut model's healing images"
+    line = f"dropped blocks {_blocks(dropped)} by {strategy} ({reason})"
+    phases = report["phases"] if isinstance(report.get("phases"), dict) else {}
+    plateau = phases.get("plateau")
+    if plateau and strategy != "plateau" and set(dropped) != set(range(plateau[0] + 1, plateau[1] + 1)):
+        name = "plateau" if phases.get("cliff") else "slow start"
+        line += (f"; the {report.get('metric', 'phase')} {name} (blocks {plateau[0]}–{plateau[1]}) is another "
+                 f"signal, which {strategy} does not follow")
+    return line
+
+
+def figures_line(report: dict[str, Any]) -> str | None:
+    """Which figures are screening and which final, when the winner was screened and then healed in full: its
+    candidate row (the screening heal) and the verdict (the full heal, healed afresh) differ for that reason."""
+    search = report.get("search")
+    if not isinstance(search, dict) or not search.get("winner") or not search.get("full_heal"):
+        return None
+    winner, full = search["winner"], search["full_heal"]
+    row, final = winner["validation_drop"], full["validation_drop"]
+    kept = "kept" if full.get("qualifies") else "not certified, so the screened model is kept"
+    return (f"figures: the healed candidate rows are screening heals ({winner['healing_steps']} steps); the winner "
+            f"was then healed afresh in full ({full['healing_steps']} steps, {kept}): drop {final['points']:.2f}, "
+            f"upper bound {final['upper_bound_points']:.2f} points, against {row['points']:.2f} and "
+            f"{row['upper_bound_points']:.2f} on its screening row")
+
+
+def story_lines(report: dict[str, Any]) -> list[str]:
+    """What the terminal prints after the verdict (``isiwatch truncate`` and ``isiwatch demo`` alike): the
+    dropped blocks and why, which figures are screening and which final, and the depth story."""
+    return [line for line in (dropped_line(report), figures_line(report), depth_story(report)) if line]

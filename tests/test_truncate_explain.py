@@ -1,0 +1,92 @@
+"""The truncation report in sentences (isiwatch.truncation.explain): the recommended depth and the cut reconciled,
+the strategy's reason for the dropped blocks, screening and final figures told apart."""
+
+import pytest
+
+from isiwatch.truncation.explain import depth_story, dropped_line, figures_line, story_lines
+
+
+def candidate(keep, points, bound, qualifies, chain="healed", steps=16, winner=False):
+    return {"strategy": "bi", "keep": keep, "kept_blocks": list(range(keep)), "chain": chain,
+            "healing_steps": steps if chain == "healed" else 0,
+            "validation_accuracy": {"cut": 0.85, "healed": 0.87},
+            "validation_drop": {"points": points, "upper_bound_points": bound, "images": 500},
+            "qualifies": qualifies, "winner": winner, "resumed": False}
+
+
+def report(recommended, dropped, candidates, *, depth=12, full=None, plateau=(6, 8), strategy="auto: bi",
+           heal_steps=64, recommended_drop=None):
+    winner = next((c for c in candidates if c["winner"]), None)
+    kept = [b for b in range(depth) if b not in dropped]
+    return {"strategy": strategy if winner else "auto: nothing cut", "kept_blocks": kept, "dropped_blocks": dropped,
+            "metric": "token_similarity", "healing_steps": full["healing_steps"] if full else 16,
+            "phases": {"cliff": [0, 5], "plateau": list(plateau), "climb": [9, 11]} if plateau else None,
+            "recommendation": {"depth": recommended, "signal": "block_influence_0.2", "source_depth": depth,
+                               "blocks_to_drop": recommended_drop if recommended_drop is not None
+                               else list(range(recommended, depth))},
+            "search": {"max_drop": 5.0, "confidence": 0.95, "heal_steps": heal_steps, "screen_steps": 16,
+                       "candidates": candidates, "winner": winner, "full_heal": full,
+                       "message": None if winner else "no cut: ...; kept the uncut model"}}
+
+
+#: The full demo of issue 34: 12 of 12 recommended, 9 of 12 cut, a plateau at 6-8 and blocks 4, 7, 8 dropped, the
+#: winner's screening row 1.20 / 3.95 and its full heal -0.20 / 2.34.
+DEMO = report(12, [4, 7, 8], [candidate(11, 0.2, 1.9, True), candidate(10, 0.8, 2.9, True),
+                              candidate(9, 1.2, 3.95, True, winner=True), candidate(8, 4.0, 7.1, False)],
+              full={"healing_steps": 64, "validation_accuracy": 0.892, "qualifies": True,
+                    "validation_drop": {"points": -0.2, "upper_bound_points": 2.34, "images": 500}},
+              recommended_drop=[])
+
+
+def test_the_demo_of_the_issue_reads_as_one_story():
+    story = depth_story(DEMO)
+    assert story.startswith("recommended depth 12 of 12 vs cut to 9 of 12: the recommendation is a signal from one "
+                            "analysis pass of the uncut model (block_influence_0.2), with no healing and no accuracy "
+                            "measured; the cut is the fewest blocks whose validation accuracy after its full heal "
+                            "(64 steps) stays within 5 points of the uncut model's at 95 % confidence (upper bound "
+                            "2.34 points); they differ because healing lets the kept blocks take over")
+    assert dropped_line(DEMO) == (
+        "dropped blocks 4, 7, 8 by bi (ShortGPT block influence: drop the blocks that turn their input least, "
+        "measured on the uncut model's healing images); the token_similarity plateau (blocks 6–8) is another signal, "
+        "which bi does not follow")
+    assert figures_line(DEMO) == (
+        "figures: the healed candidate rows are screening heals (16 steps); the winner was then healed afresh in full "
+        "(64 steps, kept): drop -0.20, upper bound 2.34 points, against 1.20 and 3.95 on its screening row")
+    assert story_lines(DEMO) == [dropped_line(DEMO), figures_line(DEMO), story]
+
+
+def test_a_cut_deeper_than_recommended_names_where_the_search_stopped():
+    r = report(3, [3, 4], [candidate(5, 0.4, 2.0, True, chain="cut"), candidate(4, 1.0, 3.0, True, chain="cut",
+                                                                                  winner=True),
+                           candidate(3, 4.4, 8.54, False, chain="cut"), candidate(5, 0.1, 1.5, True),
+                           candidate(4, 1.4, 4.95, True), candidate(3, 2.8, 6.65, False)], depth=6, plateau=None)
+    story = depth_story(r)
+    assert "vs cut to 4 of 6" in story and "as cut, without healing" in story
+    assert story.endswith("they differ because no cut to fewer than 4 blocks was certified: the first that failed, "
+                          "keeping 3 (as cut), had an upper bound of 8.54 points > 5")
+    assert figures_line(r) is None  # no full heal: every figure is the winner's own row
+    assert dropped_line(r).endswith("healing images)")  # no plateau to compare with
+
+
+@pytest.mark.parametrize("dropped, agree", [([4, 5], "they agree"),
+                                            ([1, 5], "they agree on the depth, not on the blocks (recommended to drop "
+                                                     "4, 5, dropped 1, 5)")])
+def test_the_same_depth_agrees_and_says_when_the_blocks_differ(dropped, agree):
+    r = report(4, dropped, [candidate(5, 0.1, 1.0, True), candidate(4, 0.5, 2.0, True, winner=True, steps=64),
+                            candidate(3, 6.0, 9.0, False)], depth=6, plateau=None)
+    story = depth_story(r)
+    assert story.endswith(f"; {agree}")
+    assert "after its screening heal (64 steps, as many as a full heal)" in story
+
+
+def test_no_cut_and_a_fixed_strategy():
+    r = report(9, [], [candidate(11, 6.0, 9.0, False)])
+    assert depth_story(r) == (
+        "recommended depth 9 of 12, no cut: the recommendation is a signal from one analysis pass of the uncut model "
+        "(block_influence_0.2), with no healing and no accuracy measured; no cut was certified, so all 12 blocks are "
+        "kept; they differ because no real cut passed the bound on the validation images (the verdict names the "
+        "closest)")
+    assert dropped_line(r) is None and figures_line(r) is None
+    fixed = {**DEMO, "strategy": "tail", "search": None}
+    assert depth_story(fixed) is None and figures_line(fixed) is None
+    assert dropped_line(fixed).startswith("dropped blocks 4, 7, 8 by tail (keep the first blocks)")
