@@ -169,9 +169,10 @@ def test_report_shows_the_recommended_depth_and_reads_older_files(tmp_path):
     write_json(run / "analysis.json", analysis_record(result))
     trained = recommend_depth(result).to_dict()
     page = write_report(run, tmp_path / "new")[-1].read_text()
-    assert (f"<td>recommended depth of the trained model (one analysis pass, no healing)</td>"
+    assert (f"<td>recommended depth of the trained model (the analysis images: one pass, no healing)</td>"
             f"<td>{recommendation_text(trained)}</td>") in page
-    assert f"<td>recommended depth at the last sample</td><td>{recommendation_text(at_last)}</td>" in page
+    last = html.escape("recommended depth at the last sample (the Watch's probe images)")
+    assert f"<td>{last}</td><td>{recommendation_text(at_last)}</td>" in page
     assert f"{trained['depth']} of 4 blocks (signal {trained['signal']}; " in page
 
     # files written before the recommendation existed: no recommendation rows, the rest of the report intact

@@ -221,9 +221,9 @@ def _summary(records: RunRecords) -> str:
             ["plateau onset", _episodes(records.alerts, "plateau_onset")],
             ["slow start", _episodes(records.alerts, "slow_start")]]
     if (at_last := _recommendation(last.get("recommendation"))) is not None:
-        rows.append(["recommended depth at the last sample", recommendation_text(at_last)])
+        rows.append(["recommended depth at the last sample (the Watch's probe images)", recommendation_text(at_last)])
     if records.recommendation is not None:
-        rows.append(["recommended depth of the trained model (one analysis pass, no healing)",
+        rows.append(["recommended depth of the trained model (the analysis images: one pass, no healing)",
                      recommendation_text(records.recommendation)])
     if records.truncation:  # the validated counterpart, reconciled with it in the Truncation section
         kept, depth = len(records.truncation["kept_blocks"]), records.truncation["cost"]["uncut"]["blocks"]
