@@ -123,7 +123,8 @@ def test_quick_demo_writes_the_run_directory(demo_run):
     lines = output.splitlines()
     assert lines[lines.index(verdict_line(report)) + 1:][:len(story_lines(report))] == story_lines(report)
     assert f"recommended depth {analysis['recommendation']['depth']} of {QUICK.depth} vs cut to " in output
-    assert "recommended depth: " in output and ": a signal from one analysis pass of the trained model" in output
+    assert ": a signal from one analysis pass of the trained (uncut) model, no healing; truncate checks" in output
+    assert "held-out digits (truncate below halves them into validation and test images)" in output
     full = search["full_heal"]
     judged = full if full and full["qualifies"] else search["winner"]  # the model kept
     assert judged["validation_drop"]["upper_bound_points"] <= QUICK.max_drop

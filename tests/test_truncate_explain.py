@@ -42,9 +42,10 @@ def test_the_demo_of_the_issue_reads_as_one_story():
     story = depth_story(DEMO)
     assert story.startswith("recommended depth 12 of 12 vs cut to 9 of 12: the recommendation is a signal from one "
                             "analysis pass of the uncut model (block_influence_0.2), with no healing and no accuracy "
-                            "measured; the cut is the fewest blocks whose validation accuracy after its full heal "
-                            "(64 steps) stays within 5 points of the uncut model's at 95 % confidence (upper bound "
-                            "2.34 points); they differ because healing lets the kept blocks take over")
+                            "measured; the cut is the fewest blocks, of the cuts tested, whose validation accuracy "
+                            "after its full heal (64 steps) stays within 5 points of the uncut model's at 95 % "
+                            "confidence (upper bound 2.34 points); they differ because healing lets the kept blocks "
+                            "take over")
     assert dropped_line(DEMO) == (
         "dropped blocks 4, 7, 8 by bi (ShortGPT block influence: drop the blocks that turn their input least, "
         "measured on the uncut model's healing images); the token_similarity plateau (blocks 6–8) is another signal, "

@@ -218,7 +218,8 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
             ckpt = save_checkpoint(out / "model.pt", DIGITS_VIT_ARCH, kwargs, model.state_dict(),
                                    metadata={"held_out_accuracy": acc, "steps": steps})
         echo(f"trained {steps} steps in {train_seconds:.1f} s ({samples} samples, {clock.seconds['watch']:.1f} s of "
-             f"it the Watch's); held-out accuracy {acc:.3f}"
+             f"it the Watch's); held-out accuracy {acc:.3f} on the {len(test_y)} held-out digits (truncate below "
+             "halves them into validation and test images)"
              + (f"; stopped early: {stop_reason}" if stop_reason else ""))
 
         with clock.phase("analysis"):
@@ -230,7 +231,7 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
         echo(analysis_table(result))
         echo(phases_line(result))
         echo(f"recommended depth: {recommendation_text(record['recommendation'])}: a signal from one analysis "
-             "pass of the trained model, no healing; truncate checks real cuts below")
+             "pass of the trained (uncut) model, no healing; truncate checks real cuts below")
 
         echo(f"truncate --strategy auto --max-drop {settings.max_drop:g} --confidence {DEFAULT_CONFIDENCE:g} "
              f"--budget {settings.cut_budget} --screen-steps {settings.screen_steps} --heal-steps "

@@ -364,9 +364,12 @@ def _truncation_table(report: dict[str, Any]) -> str:
     if isinstance(report.get("search"), dict):
         parts += ["<h3>Candidates</h3>", _candidates(report)]
     strategies = "; ".join(f"{name}: {s.description}" for name, s in STRATEGIES.items())
+    held_out = {"test": "the test images, which the search never saw"}.get(str(report.get("evaluated_on")),
+                                                                            "the held-out images")
     parts.append(f"<p>Strategies: auto: the cheapest cut within the bound; {html.escape(strategies)}. "
-                 "Columns: blocks kept, parameters, forward MFLOPs per image, latency per batch, held-out accuracy "
-                 "and agreement of the top-1 prediction with the uncut model; val: validation accuracy.</p>")
+                 "Columns: blocks kept, parameters, forward MFLOPs per image, latency per batch, accuracy on "
+                 f"{html.escape(held_out)} and agreement of the top-1 prediction with the uncut model; val: "
+                 "validation accuracy.</p>")
     return "".join(parts)
 
 

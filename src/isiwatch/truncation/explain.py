@@ -44,8 +44,8 @@ def _validated(search: dict[str, Any], record: dict[str, Any], kind: str) -> str
     drop, confidence = record["validation_drop"], search.get("confidence") or 0
     bound = (f"at {100 * confidence:g} % confidence (upper bound {drop['upper_bound_points']:.2f} points)"
              if confidence else f"(observed drop {drop['points']:.2f} points, a point estimate)")
-    return (f"the fewest blocks whose validation accuracy {how} stays within {_points(search['max_drop'])} of the "
-            f"uncut model's {bound}")
+    return (f"the fewest blocks, of the cuts tested, whose validation accuracy {how} stays within "
+            f"{_points(search['max_drop'])} of the uncut model's {bound}")
 
 
 def depth_story(report: dict[str, Any]) -> str | None:
