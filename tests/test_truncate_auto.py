@@ -21,24 +21,37 @@ KWARGS = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=3
 
 
 @pytest.fixture(scope="module")
-def idle_ckpt(tmp_path_factory):
-    """A trained 4-block ViT with three identity blocks (attention and MLP outputs zeroed) spread between its
-    blocks: 7 blocks, idle at 1, 4 and 6."""
+def four_blocks():
+    """A 4-block ViT trained on 2,000 of the embedded digits."""
     images, labels = embedded_digits()
     torch.manual_seed(0)
     model = timm.create_model(ARCH, pretrained=False, depth=4, **KWARGS)
     train_classifier(model, images[:2000], labels[:2000], epochs=3, lr=3e-3, batch_size=128)
+    return model
+
+
+def padded(model, idle_after, path, scale=0.0):
+    """``model`` with an exact identity block (attention and MLP outputs zeroed: both residual branches add 0)
+    after each of its blocks listed in ``idle_after`` (-1: before the first), saved to ``path``; with ``scale``,
+    a nearly idle block instead: a copy of its second block with both branches' outputs scaled by it."""
     idle = copy.deepcopy(model.blocks[1])
     with torch.no_grad():
         for linear in (idle.attn.proj, idle.mlp.fc2):
-            linear.weight.zero_()
-            linear.bias.zero_()
-    b = list(model.blocks)
-    model.blocks = torch.nn.Sequential(b[0], copy.deepcopy(idle), b[1], b[2], copy.deepcopy(idle), b[3],
-                                       copy.deepcopy(idle))
-    path = tmp_path_factory.mktemp("idle") / "idle.pt"
-    torch.save({"arch": ARCH, "model_kwargs": {**KWARGS, "depth": 7}, "state_dict": model.state_dict()}, path)
+            linear.weight.mul_(scale)
+            linear.bias.mul_(scale)
+    blocks = [copy.deepcopy(idle) for _ in range(idle_after.count(-1))]
+    for i, block in enumerate(model.blocks):
+        blocks += [block] + [copy.deepcopy(idle) for _ in range(idle_after.count(i))]
+    out = copy.deepcopy(model)
+    out.blocks = torch.nn.Sequential(*blocks)
+    torch.save({"arch": ARCH, "model_kwargs": {**KWARGS, "depth": len(blocks)}, "state_dict": out.state_dict()}, path)
     return path
+
+
+@pytest.fixture(scope="module")
+def idle_ckpt(four_blocks, tmp_path_factory):
+    """The trained 4-block ViT with three identity blocks spread between its blocks: 7 blocks, idle at 1, 4, 6."""
+    return padded(four_blocks, [0, 2, 3], tmp_path_factory.mktemp("idle") / "idle.pt")
 
 
 def test_auto_removes_spread_out_idle_blocks_within_max_drop(idle_ckpt, tmp_path):
@@ -48,15 +61,27 @@ def test_auto_removes_spread_out_idle_blocks_within_max_drop(idle_ckpt, tmp_path
     search = report["search"]
     winner = search["winner"]
     assert not {1, 4, 6} & set(winner["kept_blocks"]) and report["kept_blocks"] == winner["kept_blocks"]
-    assert search["rule"] == {**search["rule"], "confidence": 0.95, "tests": 5}  # 4 screens and the full heal
+    rule = search["rule"]
+    assert (rule["confidence"], rule["positions"], list(rule["parts"])) == (0.95, 4, ["cut", "healed", "full heal"])
     assert winner["validation_drop"]["upper_bound_points"] <= 5.0
-    assert 1 <= len(search["candidates"]) <= 4 and sum(c["winner"] for c in search["candidates"]) == 1
+    assert sum(c["winner"] for c in search["candidates"]) == 1
     assert all(c["qualifies"] == (c["validation_drop"]["upper_bound_points"] <= 5.0) for c in search["candidates"])
-    # screened with a quarter of the full heal (one epoch of 4,000 digits: 32 steps); the winner healed fully
-    assert {c["healing_steps"] for c in search["candidates"]} == {8} and report["healing_steps"] == 32
-    assert search["full_heal"]["qualifies"] and search["test"]["images"] == 500
-    cheapest = min(c["keep"] for c in search["candidates"] if c["qualifies"])
-    assert winner["keep"] == cheapest
+    # the fixed order, as cut and then healed, each up to its first failure (or the end of the order)
+    for chain, most in (("cut", 6), ("healed", 4)):
+        walked = [c for c in search["candidates"] if c["chain"] == chain]
+        assert [c["keep"] for c in walked] == list(range(6, 0, -1))[:len(walked)] and 1 <= len(walked) <= most
+        assert all(c["qualifies"] for c in walked[:-1]) and (len(walked) == most or not walked[-1]["qualifies"])
+    cuts = [c for c in search["candidates"] if c["chain"] == "cut"]
+    assert all(c["validation_drop"]["uncut_only"] == c["validation_drop"]["cut_only"] == 0 for c in cuts[:3])
+    healed = [c for c in search["candidates"] if c["chain"] == "healed"]
+    # screened with a quarter of the full heal (one epoch of 4,000 digits: 32 steps)
+    assert {c["healing_steps"] for c in healed} == {8} and search["test"]["images"] == 500
+    assert winner["keep"] == min(c["keep"] for c in search["candidates"] if c["qualifies"])
+    if winner["chain"] == "cut":  # kept as it is: the 4 trained blocks, predictions unchanged
+        assert report["healing_steps"] == 0 and search["full_heal"] is None
+        assert report["agreement"]["healed"] == 1.0
+    else:  # a screened winner is healed afresh in full (the full heal's own rule)
+        assert search["full_heal"]["healing_steps"] == 32
     # reported accuracy is on the test half, which took no part in the choice
     assert report["evaluated_on"] == "test" and report["held_out_images"] == search["test_images"] == 500
     assert report["strategy"] == f"auto: {winner['strategy']}"
@@ -70,20 +95,46 @@ def test_cli_auto_is_the_default_and_prints_every_candidate(idle_ckpt, tmp_path)
                                        "--budget", "2", "--images", "200", "--max-drop", "3"])
     assert result.exit_code == 0, result.output
     assert "uncut validation accuracy" in result.output and "upper 95 % confidence bound" in result.output
-    assert "(auto: bi)" in result.output and out.exists() and "cut to 5 of 7 blocks (bi" in result.output
+    assert "(auto: bi)" in result.output and out.exists()
+    assert "cut to 4 of 7 blocks (bi, as cut, not healed)" in result.output  # the 3 identity blocks
+    assert "no healing (0 steps): cuts only" in result.output  # --epochs 0: no healed duplicates
     assert "recommended" not in result.output  # every strategy shown is one the docs list
 
 
-def test_a_validation_split_too_small_to_certify_says_so_and_how_many_images_it_needs(idle_ckpt, tmp_path):
+def test_a_validation_split_too_small_to_certify_stops_before_any_work_and_says_how_many_it_needs(
+        idle_ckpt, tmp_path, monkeypatch):
+    def never(*a, **k):
+        raise AssertionError("analysis started on data that cannot certify a cut")
+    monkeypatch.setattr(truncate_module, "analyze", never)
     result = CliRunner().invoke(main, ["truncate", str(idle_ckpt), "--out", str(tmp_path / "cut.pt"),
-                                       "--epochs", "0", "--budget", "16", "--images", "200"])
+                                       "--max-drop", "0.5"])
+    assert result.exit_code == 1
+    assert result.output.strip().count("\n") == 0 and list(tmp_path.iterdir()) == []
+    assert ("500 validation images cannot certify any cut within 0.5 points at 95 % confidence: even a cut that "
+            "changes no prediction needs 956; give more validation images (--eval-data), a larger --max-drop or "
+            "--confidence 0") in result.output
+
+
+def test_confidence_zero_runs_where_the_bound_cannot_certify(busy_ckpt):
+    result = truncate(busy_ckpt, None, heal_steps=2, max_drop=0.5, confidence=0, budget=1, images=200)
+    assert result.report["search"]["rule"]["method"] == "point estimate"
+
+
+def test_the_defaults_cut_the_identity_blocks_of_a_padded_model(four_blocks, tmp_path):
+    """``isiwatch truncate CKPT --out OUT --data mnist`` and nothing else, on the trained 4-block ViT with an exact
+    identity block after each of its blocks: it says what it can certify before healing, and cuts the 4 identity
+    blocks (as cut: a healed cut's noise would fail a 1-point bound on 500 images)."""
+    ckpt = padded(four_blocks, [0, 1, 2, 3], tmp_path / "padded.pt")
+    out = tmp_path / "cut.pt"
+    result = CliRunner().invoke(main, ["truncate", str(ckpt), "--out", str(out), "--data", "mnist"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    message = next(line for line in lines if line.startswith("no cut: 500 validation images cannot certify"))
-    assert "over 16 bounds" in message and "it would take 643 validation images" in message
-    # one row: nothing was cut, so no cut/healed rows identical to the uncut model
-    assert not any(line.split()[:1] in (["cut"], ["healed"]) for line in lines)
-    assert "uncut model kept (auto: nothing cut)" in result.output
+    said = lines.index("auto: 500 validation images; a cut that changes no prediction needs 477 to be certified "
+                       "within 1 point at 95 % confidence")
+    assert said < next(i for i, line in enumerate(lines) if line.startswith("uncut validation accuracy"))
+    assert "cut to 4 of 8 blocks (bi, as cut, not healed)" in result.output
+    saved = torch.load(out, weights_only=True)
+    assert saved["isiwatch"]["kept_blocks"] == [0, 2, 4, 6] and saved["model_kwargs"]["depth"] == 4
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +159,10 @@ def test_nothing_certified_names_the_closest_candidate_in_one_line(busy_ckpt, tm
     result = truncate(busy_ckpt, None, heal_steps=2, max_drop=0.5, confidence=0.5, budget=2, images=200)
     search = result.report["search"]
     assert search["winner"] is None and len(result.model.blocks) == 4
+    healed = [c for c in search["candidates"] if c["chain"] == "healed"]
+    assert [c["keep"] for c in healed] == [3, 2][:len(healed)]  # the budget: 2 healed (the cuts cost no healing)
     assert search["message"].startswith("no cut: no cut of the 4-block model was certified within 0.5 points "
-                                        "after 2 candidates; the closest, ")
+                                        f"after {len(search['candidates'])} candidates; the closest, ")
     assert "\n" not in search["message"]
 
 
@@ -133,9 +186,10 @@ def test_an_interrupted_search_resumes_without_healing_its_finished_candidates(i
     healed.clear()
     monkeypatch.setattr(truncate_module, "heal", lambda *a, **k: healed.append(k["max_steps"]) or real_heal(*a, **k))
     resumed = truncate(idle_ckpt, None, journal=journal, resume=True, **options).report
-    screened = len(reference["search"]["candidates"])
+    screened = sum(c["chain"] == "healed" for c in reference["search"]["candidates"])
     assert reference["search"]["winner"] is not None and screened > 2
-    assert healed == [2] * (screened - 2) + [4]  # the unfinished screens, then the winner's full heal
+    full = [4] if reference["search"]["full_heal"] else []  # a healed winner's full heal
+    assert healed == [2] * (screened - 2) + full  # the unfinished screens, then the full heal
     assert resumed["search"]["resumed_candidates"] == 2
     for key in ("kept_blocks", "accuracy", "healing_steps"):
         assert resumed[key] == reference[key]

@@ -1,10 +1,11 @@
-"""The acceptance rule of ``truncate --strategy auto`` (an exact upper bound on the paired accuracy drop) and the
-K-first search, on synthetic correctness vectors: no model is healed here."""
+"""The acceptance rule of ``truncate --strategy auto`` (an exact upper bound on the paired accuracy drop), its
+error control (fixed-sequence testing) and the search's fixed order, on synthetic correctness vectors: no model
+is healed here."""
 
 import numpy as np
 import pytest
 
-from isiwatch.truncation.confidence import AcceptanceRule, PairedDrop, upper_bound
+from isiwatch.truncation.confidence import PARTS, AcceptanceRule, PairedDrop, SearchGuarantee, upper_bound
 from isiwatch.truncation.journal import SearchJournal
 from isiwatch.truncation.search import CutSearch, Score, SearchProgress
 
@@ -28,19 +29,17 @@ def test_paired_counts_come_from_correctness_vectors():
 
 def test_the_point_estimate_passes_where_the_bound_does_not():
     pair = PairedDrop.from_correct(*correctness(500, 430, 6, 2))  # 0.8 points lost on validation
-    assert AcceptanceRule(max_drop=1.0, confidence=0, tests=16).qualifies(pair)
-    strict = AcceptanceRule(max_drop=1.0, confidence=0.95, tests=16)
+    assert AcceptanceRule(max_drop=1.0, alpha=1.0).qualifies(pair)
+    strict = AcceptanceRule(max_drop=1.0, alpha=0.05)
     assert not strict.qualifies(pair) and strict.bound(pair) > 0.01
     # the same drop on many more images is certified
-    assert AcceptanceRule(max_drop=1.0, confidence=0.95, tests=16).qualifies(PairedDrop(50_000, 200, 100))
+    assert strict.qualifies(PairedDrop(50_000, 200, 100))
 
 
-def test_bonferroni_divides_the_error_over_the_tests_and_tightens_the_bound():
+def test_a_smaller_error_level_loosens_the_bound():
     pair = PairedDrop(1000, 12, 4)
-    one, many = AcceptanceRule(2, 0.95, 1), AcceptanceRule(2, 0.95, 16)
-    assert many.alpha == pytest.approx(0.05 / 16) and one.alpha == pytest.approx(0.05)
-    assert pair.drop < one.bound(pair) < many.bound(pair)
-    assert AcceptanceRule(2, 0, 16).bound(pair) == pair.drop
+    assert pair.drop < AcceptanceRule(2, 0.05).bound(pair) < AcceptanceRule(2, 0.05 / 16).bound(pair)
+    assert AcceptanceRule(2, 1.0).bound(pair) == pair.drop
 
 
 @pytest.mark.parametrize("images, uncut_only_rate, cut_only_rate", [
@@ -57,75 +56,122 @@ def test_the_bound_covers_the_true_drop_at_least_at_its_nominal_rate(images, unc
     assert covered >= 0.95
 
 
-def test_images_needed_is_the_fewest_on_which_a_perfect_cut_qualifies():
-    rule = AcceptanceRule(max_drop=1.0, confidence=0.95, tests=17)
-    needed = rule.images_needed()
-    assert needed is not None and 500 < needed < 1000  # the 500 validation digits cannot certify 1 point
+def test_the_guarantee_splits_the_error_over_its_parts_not_over_the_budget():
+    """Each fixed sequence is tested at its full share of 1 − confidence however many candidates it holds: a cut
+    that changes nothing is certified within 1 point on the 500 validation digits (Bonferroni over a budget of 16
+    plus the full heal needed 643 images)."""
+    plain = SearchGuarantee(1.0, 0.95, 16, PARTS[:2])
+    assert plain.parts == ("cut", "healed")
+    assert plain.rule("cut").alpha == plain.rule("healed").alpha == pytest.approx(0.025)
+    rehealed = SearchGuarantee(1.0, 0.95, 16)
+    assert rehealed.rule("healed").alpha == pytest.approx(0.05 / 3)
+    assert rehealed.rule("full heal").alpha == pytest.approx(0.05 / 3 / 16)  # any of 16 positions may win
+    needed = rehealed.images_needed()
+    assert needed is not None and needed <= 500 < AcceptanceRule(1.0, 0.05 / 17).images_needed()
+    rule = rehealed.rule("cut")
     assert rule.qualifies(PairedDrop(needed, 0, 0)) and not rule.qualifies(PairedDrop(needed - 1, 0, 0))
-    assert not rule.certifiable(500) and rule.certifiable(needed)
-    assert AcceptanceRule(0.0, 0.95, 4).images_needed() is None  # nothing certifies a zero drop
-    assert AcceptanceRule(0.0, 0.0, 4).images_needed() == 1
+    assert rehealed.certifiable(needed) and not rehealed.certifiable(needed - 1)
+    assert SearchGuarantee(0.0, 0.95, 4).images_needed() is None  # nothing certifies a zero drop
+    assert SearchGuarantee(0.0, 0.0, 4).images_needed() == 1
+    assert SearchGuarantee(1.0, 0.0, 4).rule("full heal").alpha == 1.0  # the point estimate
+    assert SearchGuarantee(1.0, 0.95, 4, PARTS[:1]).rule("cut").alpha == pytest.approx(0.05)  # no healing: cuts only
 
 
 def search_with(accuracy_of, depth=12, max_drop=1.0, budget=16, reference=0.9, confidence=0.0, images=1000,
-                journal=None):
-    """A CutSearch whose healed accuracy is ``accuracy_of(strategy, keep)``; the cut loses or gains the
-    difference to ``reference`` on that many discordant images."""
-    def heal_and_score(strategy, kept):
-        healed = accuracy_of(strategy, len(kept))
-        worse = round((reference - healed) * images)
-        return Score(0.0, healed, PairedDrop(images, max(worse, 0), max(-worse, 0)), 1)
+                journal=None, cut_accuracy_of=lambda s, k: 0.5):
+    """A CutSearch whose healed accuracy is ``accuracy_of(strategy, keep)`` and whose accuracy as cut is
+    ``cut_accuracy_of``; a model loses or gains the difference to ``reference`` on that many discordant images."""
+    def score(strategy, kept, healed):
+        value = (accuracy_of if healed else cut_accuracy_of)(strategy, len(kept))
+        worse = round((reference - value) * images)
+        return Score(0.0, value, PairedDrop(images, max(worse, 0), max(-worse, 0)), int(healed))
 
     def blocks_for(strategy, keep):
         order = {"bi": range(depth), "angular": range(depth - 1, -1, -1), "tail": range(depth)}.get(strategy)
         return None if order is None else sorted(list(order)[:keep])
-    rule = AcceptanceRule(max_drop, confidence, budget)
-    return CutSearch(depth, rule, budget, blocks_for, heal_and_score, journal=journal)
+    guarantee = SearchGuarantee(max_drop, confidence, min(budget, depth - 1), PARTS[:2])
+    return CutSearch(depth, guarantee, budget, blocks_for, score, journal=journal)
 
 
-def test_search_moves_along_k_with_the_best_strategy_first():
+def walked(search):
+    return [(c.chain, c.keep) for c in search.candidates]
+
+
+def test_the_search_tests_a_fixed_order_from_the_fewest_blocks_dropped_and_stops_at_the_first_failure():
     search = search_with(lambda s, k: 0.9 if k >= 5 else 0.5)
-    winner = search.run(start=8)
-    assert winner.keep == 5 and winner.qualifies and winner.strategy == "bi"
-    # bisection with bi from the recommended K; the others only at K=4, just below the answer (tail's cut is bi's)
-    assert [(c.strategy, c.keep) for c in search.candidates] == [("bi", 8), ("bi", 4), ("bi", 6), ("bi", 5),
-                                                                 ("angular", 4)]
+    winner = search.run()
+    assert (winner.keep, winner.chain, winner.strategy) == (5, "healed", "bi") and winner.qualifies
+    # as cuts: K=11 fails at once; healed: 11 down to 5 pass, 4 fails and ends the sequence
+    assert walked(search) == [("cut", 11)] + [("healed", k) for k in range(11, 3, -1)]
+    assert [c.healing_steps for c in search.candidates] == [0] + [1] * 8
 
 
-def test_search_without_a_recommendation_starts_in_the_middle_and_reaches_a_cut():
-    search = search_with(lambda s, k: 0.9 if k >= 9 else 0.5, budget=4)
-    winner = search.run(start=None)
-    assert [(c.strategy, c.keep) for c in search.candidates] == [("bi", 6), ("bi", 9), ("bi", 8), ("angular", 8)]
-    assert winner.keep == 9
+def test_the_order_is_fixed_before_any_score_and_uses_the_first_strategy_that_applies():
+    search = search_with(lambda s, k: 0.9)
+    assert search.fixed_order() == [("bi", list(range(k))) for k in range(11, 0, -1)]
+    search.blocks_for = lambda strategy, keep: None if strategy == "bi" else list(range(keep))
+    assert [s for s, _ in search.fixed_order()] == ["angular"] * 11
 
 
-def test_another_strategy_decides_the_answer_below_the_best_ones():
-    search = search_with(lambda s, k: 0.9 if k >= 6 or (s == "angular" and k >= 4) else 0.5)
-    winner = search.run(start=None)
-    assert (winner.strategy, winner.keep) == ("angular", 4)
-    assert ("angular", 3) in [(c.strategy, c.keep) for c in search.candidates]  # kept going down while it won
+def test_a_cut_that_changes_nothing_is_certified_without_healing():
+    """Identity blocks: as cut the model loses nothing down to K=4, where healing's noise would fail the bound."""
+    search = search_with(lambda s, k: 0.895, depth=8, images=500, confidence=0.95,
+                         cut_accuracy_of=lambda s, k: 0.9 if k >= 4 else 0.6)
+    winner = search.run()
+    assert (winner.keep, winner.chain, winner.healing_steps) == (4, "cut", 0)
+    assert walked(search) == [("cut", k) for k in range(7, 2, -1)] + [("healed", 7)]
+    assert winner.bound <= 0.01 and not search.candidates[-1].qualifies
+
+
+def test_the_family_wise_error_stays_within_one_minus_confidence():
+    """Synthetic candidates along the fixed order of an 8-block model: K=7 and 6 lose nothing, K=5 and below lose
+    1.01 points (just beyond max_drop, never cut_only). Over 2,000 validation draws of 1,000 images, how often any
+    qualifying candidate (not only the winner) is one of those stays within 5 %; testing every candidate instead of
+    stopping at a sequence's first failure errs more often than that."""
+    rng = np.random.default_rng(0)
+    rates = {k: (0.002, 0.002) if k >= 6 else (0.0101, 0.0) for k in range(1, 8)}
+
+    def score(strategy, kept, healed):
+        uncut_only, cut_only = rates[len(kept)]
+        a, b, _ = rng.multinomial(1000, [uncut_only, cut_only, 1 - uncut_only - cut_only])
+        return Score(0.0, 0.0, PairedDrop(1000, int(a), int(b)), int(healed))
+
+    def error_rate(walk_on):
+        errors = 0
+        for _ in range(2000):
+            search = CutSearch(8, SearchGuarantee(1.0, 0.95, 7, PARTS[:2]), 16,
+                               lambda s, k: list(range(k)) if s == "bi" else None, score)
+            if walk_on:
+                for chain in ("cut", "healed"):
+                    for strategy, kept in search.fixed_order():
+                        search.evaluate(chain, strategy, kept)
+            else:
+                search.run()
+            errors += any(c.qualifies and c.keep <= 5 for c in search.candidates)
+        return errors / 2000
+    assert error_rate(walk_on=False) <= 0.05 < error_rate(walk_on=True)
 
 
 def test_the_bound_can_refuse_what_the_point_estimate_accepts():
     accuracy_of = lambda s, k: 0.895 if k >= 6 else 0.5  # noqa: E731  (0.5 points below the uncut model)
-    assert search_with(accuracy_of, images=500).run(start=8).keep == 6
+    assert search_with(accuracy_of, images=500).run().keep == 6
     certified = search_with(accuracy_of, images=500, confidence=0.95)
-    assert certified.run(start=8) is None
+    assert certified.run() is None
     assert all(c.bound > 0.01 for c in certified.candidates)
-    assert certified.closest().keep == 8  # nearest to qualifying (all tie here: the fewest blocks)
+    assert (certified.closest().chain, certified.closest().keep) == ("healed", 11)
 
 
-def test_budget_bounds_the_candidates_screened():
+def test_budget_bounds_the_candidates_healed():
     search = search_with(lambda s, k: 0.9 if k >= 5 else 0.5, budget=2)
-    assert search.run(start=8).keep == 8 and len(search.candidates) == 2
+    assert search.run().keep == 10 and walked(search) == [("cut", 11), ("healed", 11), ("healed", 10)]
 
 
 def test_a_journal_replays_finished_candidates_without_healing_them(tmp_path):
     path = tmp_path / "search.jsonl"
     accuracy_of = lambda s, k: 0.9 if k >= 5 else 0.5  # noqa: E731
     first = search_with(accuracy_of, budget=3, journal=SearchJournal(path, {"run": 1}))
-    first.run(start=8)
-    assert len(path.read_text().splitlines()) == 1 + 3
+    first.run()
+    assert len(path.read_text().splitlines()) == 1 + 3  # the healed candidates only; cuts cost no healing
     healed = []
 
     def counting(s, k):
@@ -133,9 +179,9 @@ def test_a_journal_replays_finished_candidates_without_healing_them(tmp_path):
         return accuracy_of(s, k)
     resumed = search_with(counting, journal=SearchJournal(path, {"run": 1}, resume=True))
     full = search_with(accuracy_of)
-    assert resumed.run(start=8).kept == full.run(start=8).kept
-    assert healed == [c.keep for c in full.candidates[3:]]  # only those the first run had not finished
-    assert [c.resumed for c in resumed.candidates] == [True] * 3 + [False] * (len(full.candidates) - 3)
+    assert resumed.run().kept == full.run().kept
+    assert healed == [c.keep for c in full.candidates if c.chain == "healed"][3:]  # those the first run left
+    assert [c.resumed for c in resumed.candidates] == [False] + [True] * 3 + [False] * (len(full.candidates) - 4)
     with pytest.raises(ValueError, match="journals a different search \\(run differ\\)"):
         SearchJournal(path, {"run": 2}, resume=True)
 

@@ -19,7 +19,7 @@ import timm
 import torch
 from click.testing import CliRunner
 from PIL import Image
-from timm.data import create_dataset, create_loader, resolve_data_config
+from timm.data import create_dataset, create_loader, create_transform, resolve_data_config
 
 from isiwatch.cli.commands import main
 from isiwatch.io.checkpoint import load_checkpoint
@@ -139,6 +139,31 @@ def test_mnist_is_normalised_as_the_checkpoint_was_trained(tmp_path):
     assert (norm["mean"], norm["source"], norm["crop_pct"]) == ([0.1307], "mnist", 1.0)  # the demo's digits
 
 
+def test_mnist_of_a_train_py_checkpoint_is_normalised_as_train_py_trained_it(train_py_ckpt):
+    """A train.py checkpoint whose args leave mean/std unset was trained at its pretrained_cfg's 0.5/0.5: ``--data
+    mnist`` reads the embedded digits under that normalisation (and the args' bicubic resize and 0.875 crop), not
+    MNIST's own statistics, and scores the uncut model as timm's eval transform of those digits does."""
+    result = truncate(train_py_ckpt, strategy="tail", keep=2, epochs=0, images=16, workers=0)
+    norm = result.report["normalization"]
+    assert (norm["mean"], norm["std"], norm["source"]) == ([0.5], [0.5], "pretrained_cfg")
+    assert (norm["interpolation"], norm["crop_pct"]) == ("bicubic", 0.875)
+    model = build_model(load_checkpoint(train_py_ckpt)).eval()
+    digits = DigitsSource()
+    held_out = range(4000, 5000)  # the held-out digits a fixed strategy reports on
+    labels = digits.labels()[4000:]
+
+    def accuracy_under(mean: float, std: float) -> float:
+        config = resolve_data_config({"interpolation": "bicubic", "crop_pct": 0.875, "img_size": 28, "in_chans": 1,
+                                      "mean": (mean,), "std": (std,)}, model=model)
+        transform = create_transform(**config)
+        with torch.no_grad():
+            images = torch.stack([transform(digits.image(i, "L")) for i in held_out])
+            return float((model(images).argmax(-1) == labels).float().mean())
+    own = accuracy_under(0.5, 0.5)
+    assert result.report["accuracy"]["uncut"] == pytest.approx(own, abs=1e-6)
+    assert own > accuracy_under(0.1307, 0.3081) + 0.02  # MNIST's statistics score this model worse
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_truncated_png_is_named_in_one_line(folders, train_py_ckpt, tmp_path, workers):
     bad = next((folders / "validation").rglob("*.png"))
@@ -193,6 +218,33 @@ def test_bad_inputs_are_one_line_errors(folders, train_py_ckpt, tmp_path):
     assert len(lines) == 1 and "11 classes but the model's head has 10 outputs" in lines[0], lines
     lines = run("--data", str(folders), "--devices", "64", "--accelerator", "cpu")
     assert len(lines) == 1 and "--devices 64: this machine has" in lines[0], lines
+    assert not (tmp_path / "c.pt").exists()
+
+
+def test_an_empty_or_missing_class_folder_is_refused_in_one_line(folders, train_py_ckpt, tmp_path):
+    """timm's folder reader numbers only the classes it finds images of: with ``train/7/`` empty it would label
+    the 8s as 7 and the 9s as 8 while validation keeps 0-9. Each case is refused in one line naming the folder
+    or class, and nothing is written."""
+    import shutil
+
+    for image in (folders / "train" / "7").iterdir():
+        image.unlink()  # train/7/ is there, empty
+    code, lines = truncate_cli(train_py_ckpt, tmp_path / "c.pt", "--data", str(folders))
+    assert code == 1 and len(lines) == 1, lines
+    assert f"{folders / 'train' / '7'}: an empty class folder" in lines[0]
+    (folders / "train" / "7").rmdir()  # no 7/ at all: a gap among the numbered classes
+    code, lines = truncate_cli(train_py_ckpt, tmp_path / "c.pt", "--data", str(folders / "train"))
+    assert code == 1 and len(lines) == 1 and "no class folder 7 among the numbered class folders 0–9" in lines[0]
+
+    named = tmp_path / "named"  # classes named by words, validation without one of them
+    for split, names in (("train", ("cat", "dog", "owl")), ("validation", ("cat", "owl"))):
+        for i, name in enumerate(names):
+            (named / split / name).mkdir(parents=True)
+            shutil.copy(next((folders / "validation" / str(i)).iterdir()), named / split / name / "a.png")
+    code, lines = truncate_cli(train_py_ckpt, tmp_path / "c.pt", "--data", str(named))
+    assert code == 1 and len(lines) == 1, lines
+    assert (f"{named / 'validation'}: its classes differ from the healing images': no dog (which "
+            f"{named / 'train'} has)") in lines[0]
     assert not (tmp_path / "c.pt").exists()
 
 

@@ -421,8 +421,10 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
 @click.option("--max-drop", type=_FiniteRange(0, 100, max_open=True), default=DEFAULT_MAX_DROP, show_default=True,
               help="auto: accuracy points a cut may lose.")
 @click.option("--confidence", type=_FiniteRange(0, 1, max_open=True), default=DEFAULT_CONFIDENCE, show_default=True,
-              help="auto: a cut qualifies when the upper bound of its validation accuracy drop at this confidence "
-                   "(exact, Bonferroni over --budget) is within --max-drop; 0: the observed drop.")
+              help="auto: confidence that no certified cut loses more than --max-drop: exact upper bounds of the "
+                   "paired validation drop, tested in a fixed order from the fewest blocks dropped (cuts as they "
+                   "are, then healed), each sequence stopping at its first failure; refused before any healing when "
+                   "the validation images cannot certify a cut that changes nothing; 0: the observed drop.")
 @click.option("--budget", type=click.IntRange(min=1), default=DEFAULT_BUDGET, show_default=True,
               help="auto: candidates screened at most.")
 @click.option("--train-last", type=click.IntRange(min=0),
@@ -511,7 +513,8 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
                           metric=metric, images=images, fmt=fmt, report=report, arch=arch, num_heads=num_heads,
                           prefer_ema=not no_ema, mean=mean, std=std, device=_device(device), seed=seed,
                           progress=_progress(progress), devices=devices, num_nodes=num_nodes,
-                          dist_strategy=dist_strategy, precision=precision, batch_size=batch_size, workers=workers)
+                          dist_strategy=dist_strategy, precision=precision, batch_size=batch_size, workers=workers,
+                          echo=click.echo)
     except OptionError as exc:  # worded with this command's flags (--keep K), not Python's parameters (keep=K)
         raise click.ClickException(exc.worded({p.name: p.opts[0] for p in ctx.command.params if p.name})) from None
     if not result.writer:  # another process of a distributed run prints and writes

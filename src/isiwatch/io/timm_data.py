@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .._utils.threads import usable_cpus
 from .checkpoint import AUGMENT_ARGS, DATA_ARGS
@@ -105,9 +105,10 @@ def resolve_data_config(model: nn.Module, data: str, recorded: Mapping[str, Any]
                         mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> DataConfig:
     """The preprocessing ``model`` was trained with, as timm ``train.py`` resolves it: ``mean``/``std`` given by
     the user; else the recorded data config (``recorded``: ``train.py``'s args, isiwatch's metadata or a
-    ``preprocessor_config.json``, see `data_config`); else MNIST statistics
-    for the embedded digits (``data == "mnist"``, seen at their own size); else the model's ``pretrained_cfg``. The
-    input size is the model's own unless the args record one."""
+    ``preprocessor_config.json``, see `data_config`); else, for the embedded digits (``data == "mnist"``) of a
+    checkpoint that records no training run at all (the demo's), MNIST statistics at the digits' own size; else
+    the model's ``pretrained_cfg``, as ``train.py`` takes it for args that leave the statistics unset. The input
+    size is the model's own unless the args record one."""
     (height, width), in_chans = model_input(model)
     recorded = dict(recorded or {})
     args: dict[str, Any] = {key: recorded.get(key) for key in DATA_ARGS}
@@ -123,7 +124,7 @@ def resolve_data_config(model: nn.Module, data: str, recorded: Mapping[str, Any]
         args["mean"] = per_channel(args["mean"], in_chans, f"the {where} mean")
         args["std"] = per_channel(args["std"], in_chans, f"the {where} std")
         source = where
-    elif data == "mnist":
+    elif data == "mnist" and not set(recorded) - {"source"}:  # no training run recorded
         args.update(mean=(MNIST_MEAN,) * in_chans, std=(MNIST_STD,) * in_chans)
         args["crop_pct"] = args["crop_pct"] or 1.0
         args["interpolation"] = args["interpolation"] or "bilinear"
@@ -142,9 +143,11 @@ def resolve_data_config(model: nn.Module, data: str, recorded: Mapping[str, Any]
 
 
 class ImageSource:
-    """Labelled images read one at a time: `image` opens image ``index`` as a PIL image in ``mode``."""
+    """Labelled images read one at a time: `image` opens image ``index`` as a PIL image in ``mode``;
+    ``classes`` maps class names to labels where the reader names them (folder trees, tar files), else None."""
 
     name: str
+    classes: dict[str, int] | None = None
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -253,6 +256,12 @@ class TimmSource(ImageSource):
         self._labels = _targets(dataset)
         if not len(self._labels):
             raise DataError(f"{self.name}: no images found")
+        classes = getattr(self.reader if self.reader is not None else dataset, "class_to_idx", None)
+        self.classes = dict(classes) if isinstance(classes, dict) and classes else None
+        if self.classes is not None:
+            folder = split_folder(root, spec.split) if spec.split else root
+            check_class_folders(folder if folder is not None and folder.is_dir() else None, self.classes,
+                                self.name)
 
     def __len__(self) -> int:
         return len(self._labels)
@@ -285,6 +294,28 @@ class TimmSource(ImageSource):
             raise DataError(f"{self._filename(index)}: not an image file PIL can read") from None
         except (OSError, ValueError, SyntaxError) as exc:  # PIL: truncated files
             raise DataError(f"{self._filename(index)}: unreadable image ({exc})") from None
+
+
+def check_class_folders(folder: Path | None, classes: Mapping[str, int], name: str) -> None:
+    """Refuse, in one line naming it, a class that timm's reader numbering would silently drop and so shift the
+    labels of the classes after it: a sub-folder of ``folder`` (the tree read; None: a tar file; hidden folders
+    aside) with no image timm reads, or a gap in classes named by consecutive numbers (no ``7/`` between ``6/``
+    and ``8/``)."""
+    if folder is not None:
+        from timm.data.readers.img_extensions import get_img_extensions
+
+        images = get_img_extensions(as_set=True)  # type: ignore[no-untyped-call]  # timm leaves it untyped
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if sub.name not in classes and not any(f.suffix.lower() in images for f in sub.rglob("*")):
+                raise DataError(f"{sub}: an empty class folder; timm's reader skips it and numbers the classes "
+                                "after it one lower, so their labels would shift (put its images in, or remove it)")
+    if all(c.isdecimal() for c in classes):
+        numbers = sorted(int(c) for c in classes)
+        missing = sorted(set(range(numbers[0], numbers[-1] + 1)) - set(numbers))
+        if missing:
+            raise DataError(f"{name}: no class folder {missing[0]} among the numbered class folders {numbers[0]}–"
+                            f"{numbers[-1]}; timm numbers classes by their sorted names, so the labels after it "
+                            "would shift")
 
 
 class DigitsSource(ImageSource):
@@ -337,12 +368,21 @@ def image_source(data: str | Path | TimmDataset) -> ImageSource:
 
 
 def loader(dataset: Dataset[Any], *, batch_size: int = DEFAULT_BATCH_SIZE, workers: int = DEFAULT_WORKERS,
-           shuffle: bool = False, seed: int = 0) -> DataLoader[Any]:
+           shuffle: bool = False, seed: int = 0, shard: tuple[int, int] | None = None) -> DataLoader[Any]:
     """A DataLoader over ``dataset``: ``workers`` processes read and transform images (0: in this process), started
     for each pass (a search reads several loaders in turn; none keeps idle workers); with ``shuffle``, a seeded
-    order each epoch. Workers beyond the usable CPU cores are not started."""
-    generator = torch.Generator().manual_seed(seed) if shuffle else None
+    order each epoch. Workers beyond the usable CPU cores are not started.
+
+    With ``shard`` (this process's rank, the processes) a shuffled loader reads its share of a
+    ``DistributedSampler``'s seeded order: process ``r`` takes its images ``r, r + processes, ...``, so that batches
+    of ``batch_size`` on every process together hold the same images, in the same order of batches, whatever
+    the number of processes (the sampler's epoch is set by Fabric's loader)."""
     workers = min(workers, usable_cpus())  # more than the usable cores only slows reading down
+    if shuffle and shard is not None:
+        sampler: DistributedSampler[Any] = DistributedSampler(dataset, num_replicas=shard[1], rank=shard[0],
+                                                              shuffle=True, seed=seed)
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers)
+    generator = torch.Generator().manual_seed(seed) if shuffle else None
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers, generator=generator)
 
 

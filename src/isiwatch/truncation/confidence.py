@@ -8,10 +8,17 @@ at level α/2: each count is binomial on its own, so by Bonferroni both hold tog
 1 − α, and then the drop is below their difference. The bound is exact (never below its nominal coverage,
 whatever the true rates) and conservative.
 
-A search tries several candidates and keeps the cheapest that qualifies, so each bound is taken at
-α = (1 − confidence) / tests, ``tests`` being every bound the search may compute (Bonferroni over its budget):
-the chance that *any* qualifying candidate's true drop exceeds ``max_drop`` — hence the returned one's — is at
-most 1 − confidence. ``confidence`` 0 is the plain point estimate (the validation drop itself).
+A search tests many candidates and keeps the cheapest that qualifies, so the chance that *any* qualifying
+candidate's true drop exceeds ``max_drop`` (the family-wise error) must stay at most 1 − confidence.
+`SearchGuarantee` controls it by fixed-sequence testing (the Learn-then-Test framework, Angelopoulos et al. 2021):
+the candidates are tested in an order fixed before any validation image is seen, each at the full level of its
+sequence, and a sequence stops at its first candidate that does not qualify; the qualifying ones are the prefix
+before it. A sequence rejects a true null (a candidate whose true drop exceeds ``max_drop``) only by rejecting its
+first true null, which happens with probability at most the level, so the sequence errs at most that often,
+whatever its length, and any choice among its qualifying candidates is certified. The auto search runs two such
+sequences, the cuts as they are and the cuts healed, and, when the winner is healed once more, tests that heal on
+its own; the error 1 − confidence is split evenly over those parts (Bonferroni), the last further over the
+positions the winner can take. ``confidence`` 0 is the plain point estimate (the validation drop itself).
 
 Imports only the standard library and, for the beta quantiles, SciPy (loaded when a bound is computed).
 """
@@ -23,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AcceptanceRule", "PairedDrop", "upper_bound"]
+__all__ = ["AcceptanceRule", "PairedDrop", "SearchGuarantee", "upper_bound"]
 
 
 @dataclass(frozen=True)
@@ -88,26 +95,18 @@ def upper_bound(pair: PairedDrop, alpha: float) -> float:
 
 @dataclass(frozen=True)
 class AcceptanceRule:
-    """A candidate qualifies when the upper bound of its drop at ``confidence``, corrected for ``tests`` bounds
-    (Bonferroni), is at most ``max_drop`` accuracy points; ``confidence`` 0: when the observed drop is."""
+    """A candidate qualifies when the upper bound of its drop at error level ``alpha`` is at most ``max_drop``
+    accuracy points; ``alpha`` 1: when the observed drop is (the point estimate)."""
 
     max_drop: float
-    confidence: float
-    tests: int
+    alpha: float
 
     def __post_init__(self) -> None:
-        if not 0 <= self.confidence < 1:
-            raise ValueError(f"confidence must be at least 0 and below 1, got {self.confidence}")
-        if self.tests < 1:
-            raise ValueError(f"tests must be at least 1, got {self.tests}")
-
-    @property
-    def alpha(self) -> float:
-        """The error level of each bound: (1 − confidence) / tests (1: the point estimate)."""
-        return 1.0 if self.confidence == 0 else (1 - self.confidence) / self.tests
+        if not 0 < self.alpha <= 1:
+            raise ValueError(f"alpha must be above 0 and at most 1, got {self.alpha}")
 
     def bound(self, pair: PairedDrop) -> float:
-        """The drop's upper bound (a fraction; the observed drop at ``confidence`` 0)."""
+        """The drop's upper bound (a fraction; the observed drop at ``alpha`` 1)."""
         return upper_bound(pair, self.alpha)
 
     def qualifies(self, pair: PairedDrop) -> bool:
@@ -116,8 +115,8 @@ class AcceptanceRule:
 
     def images_needed(self) -> int | None:
         """The fewest validation images on which a cut that changes no prediction at all qualifies; None when no
-        number does (``max_drop`` 0 at a confidence above 0)."""
-        if self.confidence == 0 or self.max_drop >= 100:
+        number does (``max_drop`` 0 below ``alpha`` 1)."""
+        if self.alpha >= 1 or self.max_drop >= 100:
             return 1
         if self.max_drop <= 0:
             return None
@@ -127,6 +126,54 @@ class AcceptanceRule:
         while not self.qualifies(PairedDrop(n, 0, 0)):
             n += 1
         return n
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "images_needed": self.images_needed()}
+
+
+#: The parts of the auto search's family, in the order it tests them: the cuts as they are (no healing), the
+#: cuts healed (screened), and the winner healed again in full.
+PARTS = ("cut", "healed", "full heal")
+
+
+@dataclass(frozen=True)
+class SearchGuarantee:
+    """The error control of the auto search (see the module docstring): ``max_drop`` points at ``confidence``
+    over the ``parts`` it tests, the first `PARTS` (the cuts as they are; healed, when healing takes any step;
+    the winner's full heal, when screening is shorter), the healed candidates at most ``positions``."""
+
+    max_drop: float
+    confidence: float
+    positions: int
+    parts: tuple[str, ...] = PARTS
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.confidence < 1:
+            raise ValueError(f"confidence must be at least 0 and below 1, got {self.confidence}")
+        if self.positions < 1:
+            raise ValueError(f"positions must be at least 1, got {self.positions}")
+        if self.parts not in (PARTS[:1], PARTS[:2], PARTS):
+            raise ValueError(f"parts must be the first 1, 2 or 3 of {PARTS}, got {self.parts}")
+
+    @property
+    def rehealed(self) -> bool:
+        """Whether the winner's full heal is tested on its own."""
+        return "full heal" in self.parts
+
+    def rule(self, part: str) -> AcceptanceRule:
+        """The rule of one part of the family: its share of 1 − confidence, each sequence tested at its full
+        share; the full heal's share divided over the positions the winner can take."""
+        if part not in self.parts:
+            raise ValueError(f"unknown part {part!r}; the search tests {', '.join(self.parts)}")
+        if self.confidence == 0:
+            return AcceptanceRule(self.max_drop, 1.0)
+        share = (1 - self.confidence) / len(self.parts)
+        return AcceptanceRule(self.max_drop, share / self.positions if part == "full heal" else share)
+
+    def images_needed(self) -> int | None:
+        """The fewest validation images on which a cut that changes no prediction qualifies (in the sequence of
+        cuts as they are); None when no number does."""
+        return self.rule("cut").images_needed()
 
     def certifiable(self, images: int) -> bool:
         """Whether any cut can qualify on ``images`` validation images."""
@@ -139,10 +186,12 @@ class AcceptanceRule:
         if self.confidence == 0:
             return f"validation drop within {points} (point estimate)"
         return (f"upper {100 * self.confidence:g} % confidence bound of the validation drop within {points} "
-                f"(exact, Bonferroni over {self.tests} bound{'' if self.tests == 1 else 's'})")
+                f"(exact; fixed-sequence testing, {len(self.parts)} parts)")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"max_drop": self.max_drop, "confidence": self.confidence, "tests": self.tests, "alpha": self.alpha,
+        return {"max_drop": self.max_drop, "confidence": self.confidence, "positions": self.positions,
                 "method": "point estimate" if self.confidence == 0 else
-                "Clopper-Pearson on each discordant count at alpha/2, Bonferroni over tests",
+                "Clopper-Pearson on each discordant count at alpha/2; fixed-sequence testing in each part, "
+                "Bonferroni over the parts",
+                "parts": {part: self.rule(part).to_dict() for part in self.parts},
                 "images_needed": self.images_needed()}

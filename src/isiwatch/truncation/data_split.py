@@ -61,6 +61,9 @@ class Split:
     #: Which images each part holds: ``{"heal" | "validation" | "test": {"source", "images", "of"}}`` (``of``:
     #: the images in that source), so a report says whether "held out" really is.
     data: dict[str, dict[str, str | int]] = field(default_factory=dict)
+    #: Images per batch: ``{"per_process", "processes", "global"}`` (the global batch is the one asked for, split
+    #: over the processes, so several devices heal as one does).
+    batch: dict[str, int] = field(default_factory=dict)
 
     @property
     def held_out(self) -> tuple[DataLoader[Any] | ShardedLoader, Tensor]:
@@ -114,8 +117,11 @@ def _parts(data: Data, config: DataConfig | None, holdout: bool) -> tuple[_Part,
         source: ImageSource = image_source(data)
         order = (torch.arange(len(source)) if str(data) == "mnist"
                  else torch.randperm(len(source), generator=torch.Generator().manual_seed(0)))
-        cut = DIGITS_TRAIN if str(data) == "mnist" else _holdout_cut(len(source), str(data))
-        heal, held = (order[:cut], order[cut:]) if holdout else (order, order[:0])
+        if holdout:
+            cut = DIGITS_TRAIN if str(data) == "mnist" else _holdout_cut(len(source), str(data))
+            heal, held = order[:cut], order[cut:]
+        else:
+            heal, held = order, order[:0]
         part = _Part(Images(source, heal, config, training=True), Images(source, heal, config, training=False))
         return part, (_Part(*(Images(source, held, config, training=t) for t in (True, False))) if holdout
                       else None), len(source)
@@ -126,6 +132,27 @@ def _parts(data: Data, config: DataConfig | None, holdout: bool) -> tuple[_Part,
     cut = _holdout_cut(count, _source(data))
     heal_set, held_set = Subset(dataset, range(cut)), Subset(dataset, range(cut, count))
     return _Part(heal_set, heal_set), _Part(held_set, held_set), count
+
+
+def _classes(part: _Part) -> dict[str, int] | None:
+    """The class names and labels of a part read through a named source, where its reader names them."""
+    return part.eval.source.classes if isinstance(part.eval, Images) else None
+
+
+def _check_same_classes(heal: _Part, held: _Part, heal_source: str, eval_source: str) -> None:
+    """Healing and evaluation images read from two sources must number their classes alike (timm numbers a
+    folder tree's classes by the sorted names of those it finds), refused in one line naming the classes."""
+    ours, theirs = _classes(heal), _classes(held)
+    if ours is None or theirs is None or ours == theirs:
+        return
+    missing, extra = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
+    differ = sorted(c for c in set(ours) & set(theirs) if ours[c] != theirs[c])
+    what = "; ".join(part for part in (
+        f"no {', '.join(missing)} (which {heal_source} has)" if missing else "",
+        f"{', '.join(extra)} (which {heal_source} lacks)" if extra else "",
+        f"{', '.join(differ)} numbered differently" if differ and not (missing or extra) else "") if part)
+    raise DataError(f"{eval_source}: its classes differ from the healing images': {what}; the labels would not "
+                    "match")
 
 
 def _holdout_cut(count: int, name: str) -> int:
@@ -170,14 +197,18 @@ def load_split(model: nn.Module, data: Data, eval_data: Data | None = None, conf
     for source, y in ((heal_source, heal_y), (eval_source or heal_source, eval_y)):
         if int(y.max()) >= classes:
             raise DataError(f"{source}: {int(y.max()) + 1} classes but the model's head has {classes} outputs")
+    _check_same_classes(heal, held, heal_source, eval_source or heal_source)
     half = len(held) // 2
     user = data if isinstance(data, DataLoader) else None
-    size = (user.batch_size or batch_size) if user is not None else batch_size
+    processes = 1 if fabric is None else fabric.world_size
+    # the global batch (over all processes) is --batch-size, or the DataLoader's, as with one process
+    size = -(-((user.batch_size or batch_size) if user is not None else batch_size) // processes)
     in_memory = isinstance(data, tuple) or (data == "mnist" and eval_data is None)  # tensors, the embedded digits
     threads = user.num_workers if user is not None else 0 if in_memory else workers
 
     def stream(dataset: Dataset[Any], shuffle: bool = False) -> DataLoader[Any] | ShardedLoader:
-        made = loader(dataset, batch_size=size, workers=threads, shuffle=shuffle, seed=seed)
+        shard = None if fabric is None else (fabric.global_rank, processes)  # the same global batches on any count
+        made = loader(dataset, batch_size=size, workers=threads, shuffle=shuffle, seed=seed, shard=shard)
         if user is not None:
             made.collate_fn = user.collate_fn
         return made if fabric is None else ShardedLoader(fabric, made)
@@ -191,5 +222,6 @@ def load_split(model: nn.Module, data: Data, eval_data: Data | None = None, conf
         "test": {"source": eval_source or heal_source, "images": len(held) - half, "of": eval_of}}
     probe = loader(heal.eval, batch_size=size, workers=min(threads, 1))
     return Split(stream(heal.train, shuffle), heal_y, stream(val), eval_y[:half], stream(test), eval_y[half:],
-                 stream(held.eval), probe, record)
+                 stream(held.eval), probe, record, {"per_process": size, "processes": processes,
+                                                    "global": size * processes})
 

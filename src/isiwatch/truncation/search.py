@@ -1,22 +1,24 @@
-"""``truncate --strategy auto``: the cheapest healed cut whose accuracy drop is certified within ``max_drop``.
+"""``truncate --strategy auto``: the cheapest cut whose accuracy drop is certified within ``max_drop``.
 
-Candidates are cuts (strategy, kept blocks). Each is *screened*: cut, healed with a short budget of optimizer
-steps and scored on a validation split that healing never sees, paired image by image with the uncut model. A
-candidate *qualifies* when the `AcceptanceRule` accepts its paired drop
-(the upper confidence bound of the drop within ``max_drop``, Bonferroni-corrected for every bound the search
-may compute; at confidence 0 the observed drop).
+Candidates are cuts (strategy, kept blocks) in one order fixed before any validation image is seen
+(`CutSearch.fixed_order`): K, the number of blocks kept, from depth − 1 down to 1, each K cut by the primary
+strategy (the first of `AUTO_STRATEGIES` that applies, ``bi``, whose ranking of the blocks is measured on
+healing images). Dropping the least useful block first puts the cuts most likely to qualify first, which is
+what gives fixed-sequence testing its power. The search walks that order twice, as the two sequences of
+`SearchGuarantee`:
 
-The search moves along K, the number of blocks kept, with the best strategy (the first of
-`AUTO_STRATEGIES` that applies, ``bi``): bisection over K, starting at the
-recommended depth when there is one ([`recommend_depth`][isiwatch.recommend_depth]) — bisection assumes that
-keeping more blocks never hurts, which holds for healed cuts up to noise. Only then, just below the cheapest K
-found, it tries the other strategies, where they can change the answer, and keeps going down while one
-qualifies. ``budget`` caps the candidates screened. The winner is the qualifying candidate with the fewest
-blocks (ties: the higher validation accuracy), or none; the caller heals it fully
+- *as cut*: each cut scored on the validation split as it is, paired image by image with the uncut model (no
+  healing, so a cut that changes nothing, such as dropping an identity block, has no discordant image);
+- *healed*: each cut *screened*, healed with a short budget of optimizer steps, then scored the same way;
+  ``budget`` caps the candidates healed.
+
+A sequence stops at its first candidate that does not *qualify* (the upper confidence bound of its drop above
+``max_drop``; at confidence 0 the observed drop). The winner is the qualifying candidate with the fewest blocks
+(ties: the higher validation accuracy), or none; the caller heals a screened winner fully
 (`isiwatch.truncation.truncate.auto_cut`).
 
-Each finished candidate goes to a `SearchJournal`, so that a resumed search
-takes it from there instead of healing it again. This module imports neither torch nor timm.
+Each healed candidate goes to a `SearchJournal`, so that a resumed search takes it from there instead of
+healing it again. This module imports neither torch nor timm.
 """
 
 from __future__ import annotations
@@ -28,17 +30,18 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from .confidence import AcceptanceRule, PairedDrop
+from .confidence import PairedDrop, SearchGuarantee
 from .journal import SearchJournal
 from .strategies import AUTO_STRATEGIES
 
-__all__ = ["BudgetExhausted", "Candidate", "CutSearch", "Score", "SearchProgress"]
+__all__ = ["Candidate", "CutSearch", "Score", "SearchProgress"]
 
 
 @dataclass
 class Score:
-    """What healing and scoring one cut gave: validation accuracy before and after healing, the paired
-    comparison with the uncut model after it, the optimizer steps and the healed model."""
+    """What healing and scoring one cut gave: validation accuracy before and after healing (the same for a cut
+    scored as it is), the paired comparison with the uncut model after it, the optimizer steps (0: not healed)
+    and the scored model."""
 
     cut_accuracy: float
     healed_accuracy: float
@@ -49,8 +52,9 @@ class Score:
 
 @dataclass
 class Candidate:
-    """One screened cut: validation accuracy before (``cut``) and after (``healed``) healing, its paired drop,
-    the drop's upper bound (a fraction) and whether it qualifies; ``resumed``: read back from a journal."""
+    """One scored cut: validation accuracy before (``cut``) and after (``healed``) healing, its paired drop,
+    the drop's upper bound (a fraction) and whether it qualifies; ``chain``: the sequence it was tested in
+    ("cut": as it is, "healed": screened); ``resumed``: read back from a journal."""
 
     strategy: str
     kept: list[int]
@@ -60,6 +64,7 @@ class Candidate:
     bound: float
     qualifies: bool
     healing_steps: int
+    chain: str = "healed"
     resumed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -72,7 +77,8 @@ class Candidate:
                 "validation_accuracy": {"cut": self.cut, "healed": self.healed},
                 "validation_drop": {"points": 100 * self.drop.drop, "upper_bound_points": 100 * self.bound,
                                     **self.drop.to_dict()},
-                "qualifies": self.qualifies, "healing_steps": self.healing_steps, "resumed": self.resumed,
+                "qualifies": self.qualifies, "chain": self.chain, "healing_steps": self.healing_steps,
+                "resumed": self.resumed,
                 **self.extra}
 
     @classmethod
@@ -82,11 +88,7 @@ class Candidate:
         return cls(record["strategy"], list(record["kept_blocks"]), record["validation_accuracy"]["cut"],
                    record["validation_accuracy"]["healed"],
                    PairedDrop(drop["images"], drop["uncut_only"], drop["cut_only"]), drop["upper_bound_points"] / 100,
-                   record["qualifies"], record["healing_steps"], resumed=True)
-
-
-class BudgetExhausted(Exception):
-    """No candidate may be screened any more."""
+                   record["qualifies"], record["healing_steps"], record["chain"], resumed=True)
 
 
 class SearchProgress:
@@ -112,73 +114,73 @@ class SearchProgress:
 
 
 class CutSearch:
-    """Screens candidates through ``heal_and_score(strategy, kept) -> Score`` and
-    ``blocks_for(strategy, keep) -> kept | None`` (None: the strategy does not apply), judged by ``rule``."""
+    """Walks the fixed order of ``blocks_for(strategy, keep) -> kept | None`` (None: the strategy does not apply)
+    as cuts and healed, through ``score(strategy, kept, heal) -> Score`` (``heal`` False: the cut as it is),
+    each candidate judged by its sequence's rule of ``guarantee``; ``budget`` caps the candidates healed."""
 
-    def __init__(self, depth: int, rule: AcceptanceRule, budget: int,
+    def __init__(self, depth: int, guarantee: SearchGuarantee, budget: int,
                  blocks_for: Callable[[str, int], list[int] | None],
-                 heal_and_score: Callable[[str, list[int]], Score],
+                 score: Callable[[str, list[int], bool], Score],
                  journal: SearchJournal | None = None, progress: SearchProgress | None = None):
         if budget < 1:
             raise ValueError(f"budget must be at least 1 candidate, got {budget}")
-        self.depth, self.rule, self.budget = depth, rule, budget
-        self.blocks_for, self.heal_and_score = blocks_for, heal_and_score
+        self.depth, self.guarantee, self.budget = depth, guarantee, budget
+        self.blocks_for, self.score = blocks_for, score
         self.journal = journal if journal is not None else SearchJournal(None, {})
         self.progress = progress
         self.candidates: list[Candidate] = []
-        self.best_model: object = None  # the screened model of winner(), when this run healed it
+        self.best_model: object = None  # the scored model of winner(), when this run scored it
 
-    def evaluate(self, strategy: str, kept: list[int]) -> Candidate:
-        """Screen one cut (a cut already tried, here or by the journalled run, is not healed again)."""
-        known = next((c for c in self.candidates if c.kept == kept), None)
-        if known is not None:
-            return known
-        if len(self.candidates) >= self.budget:
-            raise BudgetExhausted
-        record = self.journal.lookup(kept)
+    def fixed_order(self) -> list[tuple[str, list[int]]]:
+        """The candidates in testing order: K from depth − 1 down to 1, cut by the first of `AUTO_STRATEGIES`
+        that applies; it reads only what ``blocks_for`` reads (the uncut model's healing images), never the
+        validation images."""
+        primary = next((s for s in AUTO_STRATEGIES if self.blocks_for(s, 1) is not None), None)
+        if primary is None:
+            return []
+        order = ((keep, self.blocks_for(primary, keep)) for keep in range(self.depth - 1, 0, -1))
+        return [(primary, kept) for _, kept in order if kept is not None]
+
+    def evaluate(self, chain: str, strategy: str, kept: list[int]) -> Candidate:
+        """Score one cut as it is (``chain`` "cut") or screened ("healed"; one an interrupted run journalled is
+        not healed again)."""
+        healed = chain == "healed"
+        record = self.journal.lookup(kept) if healed else None
         model = None
         if record is not None:
             candidate = Candidate.from_dict(record)
         else:
-            score = self.heal_and_score(strategy, kept)
-            bound = self.rule.bound(score.drop)
-            candidate = Candidate(strategy, kept, score.cut_accuracy, score.healed_accuracy, score.drop, bound,
-                                  self.rule.qualifies(score.drop), score.steps)
-            self.journal.record(candidate.to_dict())
+            score = self.score(strategy, kept, healed)
+            rule = self.guarantee.rule(chain)
+            candidate = Candidate(strategy, kept, score.cut_accuracy, score.healed_accuracy, score.drop,
+                                  rule.bound(score.drop), rule.qualifies(score.drop), score.steps, chain)
+            if healed:
+                self.journal.record(candidate.to_dict())
             model = score.model
         self.candidates.append(candidate)
         if candidate is self.winner():
             self.best_model = model
-        if self.progress is not None:
-            self.progress.advance(0 if candidate.resumed else candidate.healing_steps, len(self.candidates),
+        if self.progress is not None and healed:
+            self.progress.advance(0 if candidate.resumed else candidate.healing_steps,
+                                  sum(c.chain == "healed" for c in self.candidates),
                                   f"{strategy} K={len(kept)} bound {100 * candidate.bound:.2f} points")
         return candidate
 
-    def _qualifies(self, strategy: str, keep: int) -> bool:
-        kept = self.blocks_for(strategy, keep)
-        return kept is not None and self.evaluate(strategy, kept).qualifies
-
-    def run(self, start: int | None = None) -> Candidate | None:
-        """Search from K = ``start`` (None or outside 1..depth-1: the middle); the winner."""
-        applicable = [s for s in AUTO_STRATEGIES if self.blocks_for(s, 1) is not None]
-        low, high = 1, self.depth  # the primary's cheapest qualifying K lies in [low, high]; depth: no cut
-        probe = start if start is not None and 1 <= start < self.depth else None
-        try:
-            while low < high:
-                middle = probe if probe is not None else (low + high) // 2
-                probe = None
-                if self._qualifies(applicable[0], middle):
-                    high = middle
-                else:
-                    low = middle + 1
-            keep = high - 1  # the primary failed here (or K = depth - 1 was never cut): the others may not
-            while keep >= 1 and any(self._qualifies(s, keep) for s in applicable):
-                keep -= 1
-        except BudgetExhausted:
-            pass
+    def run(self) -> Candidate | None:
+        """Test the fixed order as cuts, then healed (at most ``budget``; when the guarantee has that part), each
+        up to its first candidate that does not qualify; the winner."""
+        order = self.fixed_order()
+        for chain, candidates in (("cut", order), ("healed", order[:self.budget])):
+            if chain not in self.guarantee.parts:  # healing takes no step
+                continue
+            for strategy, kept in candidates:
+                if not self.evaluate(chain, strategy, kept).qualifies:
+                    break
         return self.winner()
 
     def winner(self) -> Candidate | None:
+        """The qualifying candidate with the fewest blocks (ties: the higher validation accuracy): any choice
+        among them is certified, the family-wise error being controlled over all of them."""
         qualifying = [c for c in self.candidates if c.qualifies]
         return min(qualifying, key=lambda c: (c.keep, -c.healed)) if qualifying else None
 

@@ -115,9 +115,9 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
 #: Chosen from the evaluation in ``benchmarks/RESULTS.md``: block influence had the highest mean healed accuracy
 #: over all paired comparisons (ahead of ``tail`` by less than the noise); the plateau cut lost to both.
 DEFAULT_STRATEGY = "bi"
-#: Strategies ``auto`` tries, best first: the registry's entries with an ``auto_rank``, in that order. It moves along
-#: K with the first that applies and tries the others only just below the cheapest K found, where they can change
-#: the answer (one whose inputs are missing, e.g. plateau without a plateau, is skipped).
+#: Strategies ``auto`` may cut with, best first: the registry's entries with an ``auto_rank``, in that order. Its
+#: fixed order of candidates (K from depth − 1 down) is cut by the first that applies (one whose inputs are
+#: missing, e.g. plateau without a plateau, is skipped): every other candidate tested would cost error budget.
 AUTO_STRATEGIES = tuple(name for _, name in sorted((s.auto_rank, s.name) for s in STRATEGIES.values()
                                                    if s.auto_rank is not None))
 #: Defaults: accuracy loss allowed (points), confidence of its bound (0: the point estimate) and candidates

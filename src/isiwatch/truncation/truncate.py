@@ -42,11 +42,11 @@ from ..measure.depth import DepthRecommendation, recommend_depth
 from ..measure.phases import Phases
 from ..taps import vit_parts
 from .classifier_layout import block_list
-from .confidence import AcceptanceRule, PairedDrop
+from .confidence import PARTS, PairedDrop, SearchGuarantee
 from .cost import count_parameters, forward_flops, measure_latency
 from .data_split import NAMED, Data, Split, load_split
 from .engine import FabricOptions
-from .healing import HEAL_BATCH, Images, accuracy, default_train_last, heal, predict
+from .healing import HEAL_BATCH, Images, default_train_last, heal, predict
 from .journal import SearchJournal
 from .search import Candidate, CutSearch, Score, SearchProgress
 from .strategies import (
@@ -151,6 +151,7 @@ class TruncateRequest:
     num_nodes: int = 1
     dist_strategy: str = "auto"
     precision: str | None = None
+    echo: Callable[[str], None] | None = None
 
     @property
     def fabric_options(self) -> FabricOptions:
@@ -237,31 +238,76 @@ class TruncationPlan:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Optimizer steps of one pass over the healing images: the loader's batches (this process's shard), or
-        batches of `HEAL_BATCH` of a tensor."""
-        images = self.split.train_x
-        return max(1, math.ceil(len(images) / HEAL_BATCH) if isinstance(images, Tensor) else len(images))
+        """Optimizer steps of one pass over the healing images (`_steps_per_epoch`)."""
+        return _steps_per_epoch(self.split)
 
     @property
     def heal_steps(self) -> int:
         """Optimizer steps of a full heal: ``heal_steps``, else ``epochs`` passes over the healing images."""
-        r = self.request
-        return r.heal_steps if r.heal_steps is not None else r.epochs * self.steps_per_epoch
+        return _heal_steps(self.request, self.split)[1]
 
     @property
     def screen_steps(self) -> int:
         """Optimizer steps of a screening heal (``auto``): ``screen_steps``, else `SCREEN_FRACTION` of the
         full heal (at least one step, at most all of them)."""
-        r = self.request
-        if r.screen_steps is not None:
-            return min(r.screen_steps, self.heal_steps)
-        return min(self.heal_steps, max(1, round(SCREEN_FRACTION * self.heal_steps)))
+        return _heal_steps(self.request, self.split)[0]
+
+    @property
+    def guarantee(self) -> SearchGuarantee:
+        """The error control of the ``auto`` search (`search_guarantee`)."""
+        return search_guarantee(self.request, self.split, self.depth)
 
     def heal(self, model: nn.Module, steps: int, progress: bool = False) -> int:
         """Heal ``model`` (a cut of the uncut model) for ``steps`` optimizer steps on the healing images."""
         epochs = math.ceil(steps / self.steps_per_epoch)
         return heal(model, self.split.train_x, self.split.train_y, epochs=epochs, max_steps=steps,
                     progress=progress, **self.heal_options)
+
+
+def _steps_per_epoch(split: Split) -> int:
+    """Optimizer steps of one pass over the healing images: the loader's batches (this process's shard), or
+    batches of `HEAL_BATCH` of a tensor."""
+    images = split.train_x
+    return max(1, math.ceil(len(images) / HEAL_BATCH) if isinstance(images, Tensor) else len(images))
+
+
+def _heal_steps(request: TruncateRequest, split: Split) -> tuple[int, int]:
+    """Optimizer steps of a screening heal and of a full heal (see the `TruncationPlan` properties)."""
+    r = request
+    full = r.heal_steps if r.heal_steps is not None else r.epochs * _steps_per_epoch(split)
+    screen = r.screen_steps if r.screen_steps is not None else max(1, round(SCREEN_FRACTION * full))
+    return min(screen, full), full
+
+
+def search_guarantee(request: TruncateRequest, split: Split, depth: int) -> SearchGuarantee:
+    """The ``auto`` search's error control: ``max_drop`` at ``confidence`` over at most ``budget`` healed
+    candidates (and as many cuts) of a ``depth``-block model: the cuts, then healed unless healing takes no step,
+    and the winner's full heal on its own when screening is shorter."""
+    r = request
+    screen, full = _heal_steps(r, split)
+    return SearchGuarantee(r.max_drop, r.confidence, max(1, min(r.budget, depth - 1)),
+                           PARTS[:1 + (full > 0) + (screen < full)])
+
+
+def _check_certifiable(request: TruncateRequest, guarantee: SearchGuarantee, images: int) -> str:
+    """The line that says what the ``auto`` search can certify on ``images`` validation images; an
+    `OptionError` when it can certify nothing (before any analysis or healing)."""
+    r, needed = request, guarantee.images_needed()
+    points = f"{r.max_drop:g} point{'' if r.max_drop == 1 else 's'}"
+    if r.confidence == 0:
+        return (f"auto: {images} validation images; a cut qualifies when its validation drop is within {points} "
+                "(a point estimate, nothing certified)")
+    confidence = f"{100 * r.confidence:g} %"
+    if needed is None:
+        raise OptionError("{max_drop:0}: no number of validation images certifies a cut that loses nothing at "
+                          "{confidence} above 0; allow a drop above 0 points or give {confidence:0}")
+    if images < needed:
+        raise OptionError("{count} validation images cannot certify any cut within {points} at {level} "
+                          "confidence: even a cut that changes no prediction needs {needed}; give more validation "
+                          "images ({eval_data}), a larger {max_drop} or {confidence:0}", count=images,
+                          points=points, level=confidence, needed=needed)
+    return (f"auto: {images} validation images; a cut that changes no prediction needs {needed} to be certified "
+            f"within {points} at {confidence} confidence")
 
 
 def _load(request: TruncateRequest) -> tuple[Checkpoint, nn.Module]:
@@ -297,6 +343,10 @@ def plan(request: TruncateRequest) -> TruncationPlan:
             if isinstance(r.data, NAMED) else None)
     split = load_split(uncut, r.data, r.eval_data, norm, batch_size=r.batch_size, workers=r.workers, seed=r.seed,
                        fabric=fabric)
+    if r.strategy == "auto":
+        line = _check_certifiable(r, search_guarantee(r, split, depth), len(split.val_y))
+        if r.echo is not None and fabric.is_global_zero:
+            r.echo(line)
     metric = r.metric or (source_analysis.phase_metric if source_analysis else DEFAULT_PHASE_METRIC)
     needs = inputs_needed(r.strategy)
     probe_x, probe_y = first_images(split.probe_x, r.images)
@@ -370,6 +420,7 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
                    "lr": r.lr, "distill": r.distill, "data": plan.split.data, "weights": plan.checkpoint.weights,
                    "normalization": plan.normalization.to_dict() if plan.normalization else None,
                    "device": str(plan.fabric.device), "processes": plan.fabric.world_size,
+                   "batch": plan.split.batch,
                    "precision": str(plan.fabric.strategy.precision.precision),
                    "seed": r.seed, "output": None if r.out is None else str(r.out),
                    "evaluated_on": "test" if search else "validation+test", "search": search})
@@ -473,17 +524,17 @@ def truncate(
     num_nodes: int = 1,
     dist_strategy: str = "auto",
     precision: str | None = None,
+    echo: Callable[[str], None] | None = None,
 ) -> TruncateResult:
     """Cut a trained ViT down to fewer blocks and heal it by fine-tuning its late blocks.
 
-    By default (``auto``, `isiwatch.truncation.search`) it searches for the cheapest healed cut whose
-    accuracy drop is certified within ``max_drop`` points of the uncut model's on the validation images (the upper
-    ``confidence`` bound of the paired drop, `isiwatch.truncation.confidence`), heals the winner fully and
-    scores it once on the test images; when none qualifies, the uncut weights are returned. The steps are
-    `TruncateRequest` (checks the options before anything is read), `plan`, `execute`,
-    `report` and `write`; [`cut`][isiwatch.cut] and
-    [`heal`][isiwatch.heal] do the surgery and the healing on their own. The input is never
-    written; outputs are written atomically, only after everything succeeded.
+    By default (``auto``, `isiwatch.truncation.search`) it searches for the cheapest cut, as it is or healed,
+    whose accuracy drop is certified within ``max_drop`` points of the uncut model's on the validation images (the
+    upper ``confidence`` bound of the paired drop, `isiwatch.truncation.confidence`), heals a healed winner fully
+    and scores the winner once on the test images; when none qualifies, the uncut weights are returned. The steps
+    are `TruncateRequest` (checks the options before anything is read), `plan`, `execute`, `report` and `write`;
+    [`cut`][isiwatch.cut] and [`heal`][isiwatch.heal] do the surgery and the healing on their own. The input is
+    never written; outputs are written atomically, only after everything succeeded.
 
     Args:
         checkpoint_or_model: A timm ViT classifier (an ``nn.Module``, moved to ``device`` and put in eval mode but
@@ -505,9 +556,11 @@ def truncate(
         keep: Blocks to keep, for a fixed strategy; None: the plateau cut's depth for ``plateau``, the recommended
             depth ([`recommend_depth`][isiwatch.recommend_depth]) for the others.
         max_drop: ``auto``: accuracy points a cut may lose.
-        confidence: ``auto``: confidence of the drop's upper bound, Bonferroni-corrected over ``budget`` (plus
-            one for the winner's full heal); 0: the observed validation drop (a point estimate).
-        budget: ``auto``: candidates screened at most.
+        confidence: ``auto``: confidence that no certified cut loses more than ``max_drop`` (exact bounds of the
+            paired drop, fixed-sequence testing; `isiwatch.truncation.confidence`); 0: the observed validation
+            drop (a point estimate). Refused before any healing when the validation images cannot certify even
+            a cut that changes no prediction.
+        budget: ``auto``: candidates healed (screened) at most; the cuts as they are cost no healing.
         train_last: Kept blocks to fine-tune, counted from the end; None: the late half.
         epochs: Healing epochs (0: cut only), when ``heal_steps`` is None.
         heal_steps: Optimizer steps of a full heal (batches of 128 images); None: ``epochs`` passes.
@@ -532,13 +585,17 @@ def truncate(
         device: Where to measure and heal (``"cpu"``, ``"cuda"``): Lightning Fabric's accelerator.
         seed: Healing order and ``random`` strategy seed.
         progress: Show progress bars.
-        batch_size: Images per batch for images read from a name or a folder.
+        batch_size: Images per batch for images read from a name or a folder, over all processes: each of
+            ``devices`` × ``num_nodes`` processes reads its share, so several devices heal with the batch one does
+            (the report's ``batch`` records it).
         workers: DataLoader worker processes reading images (0: in this process).
         devices: Devices (processes) per node that heal and evaluate, each on its shard of the images; with
             more than one and no torchrun or SLURM around it, Fabric starts the others by re-running this script.
         num_nodes: Nodes, under torchrun or SLURM.
         dist_strategy: Fabric's strategy: ``"auto"``, ``"ddp"`` or ``"fsdp"``.
         precision: ``"32"``, ``"16-mixed"`` or ``"bf16-mixed"`` (None: bf16-mixed on CUDA, else 32).
+        echo: Called (by process 0) with the line that says, before any healing, what ``auto`` can certify on
+            the validation images.
 
     Returns:
         The truncated model, the report dict (costs, accuracies, every choice made, the ``auto`` search) and the
@@ -557,7 +614,7 @@ def truncate(
         images=images, fmt=fmt,
         report=None if report is None else Path(report), arch=arch, num_heads=num_heads, prefer_ema=prefer_ema,
         mean=mean, std=std, device=device, seed=seed, progress=progress, batch_size=batch_size, workers=workers,
-        devices=devices, num_nodes=num_nodes, dist_strategy=dist_strategy, precision=precision))
+        devices=devices, num_nodes=num_nodes, dist_strategy=dist_strategy, precision=precision, echo=echo))
 
 
 def _run(request: TruncateRequest) -> TruncateResult:
@@ -569,13 +626,14 @@ def _run(request: TruncateRequest) -> TruncateResult:
     return TruncateResult(execution.model, result, write(planned, execution, result), planned.fabric.is_global_zero)
 
 
-def _search_header(plan: TruncationPlan, rule: AcceptanceRule, uncut_correct: Tensor) -> dict[str, Any]:
+def _search_header(plan: TruncationPlan, guarantee: SearchGuarantee, uncut_correct: Tensor) -> dict[str, Any]:
     """What a journal records its search was: a resumed search must be this one to reuse its candidates."""
     r = plan.request
     return {"source_sha256": plan.checkpoint.sha256, "depth": plan.depth,
-            "data": plan.split.data, "uncut_validation_correct": int(uncut_correct.sum()), "rule": rule.to_dict(),
-            "budget": r.budget, "screen_steps": plan.screen_steps, "heal_steps": plan.heal_steps, "lr": r.lr,
-            "distill": r.distill, "train_last": r.train_last, "seed": r.seed, "metric": plan.metric}
+            "data": plan.split.data, "uncut_validation_correct": int(uncut_correct.sum()),
+            "rule": guarantee.to_dict(), "budget": r.budget, "screen_steps": plan.screen_steps,
+            "heal_steps": plan.heal_steps, "lr": r.lr, "distill": r.distill, "train_last": r.train_last, "seed": r.seed,
+            "metric": plan.metric}
 
 
 def _timing_batch(images: Images) -> Tensor:
@@ -589,22 +647,22 @@ def _points(fraction: float) -> str:
 
 
 def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]]:
-    """The cheapest certified healed cut of the plan's uncut model (or a copy of it), its kept blocks and the
-    search record (`isiwatch.truncation.search`).
+    """The cheapest certified cut of the plan's uncut model (or a copy of it), its kept blocks and the search
+    record (`isiwatch.truncation.search`).
 
-    Candidates are screened with `TruncationPlan.screen_steps` healing steps; the winner's cut is then
-    healed afresh with the full `TruncationPlan.heal_steps` and judged once more by the same rule (one more
-    bound in the Bonferroni count); should that fail, the screened model, which qualified, is returned. The
-    search journal (``journal``) makes an interrupted search resumable (``resume``).
+    The fixed order of cuts is tested as cuts (no healing) and healed: screened with
+    `TruncationPlan.screen_steps` healing steps. A screened winner is then healed afresh with the full
+    `TruncationPlan.heal_steps` and judged on its own (the full heal's part of
+    `TruncationPlan.guarantee`); should that fail, the screened model, which qualified, is returned. The search
+    journal (``journal``) makes an interrupted search resumable (``resume``).
     """
     r, split, uncut = plan.request, plan.split, plan.uncut
-    assert plan.recommendation is not None and plan.distances is not None  # plan() prepares both for auto
+    assert plan.distances is not None  # plan() measures them for auto
     depth = plan.depth
     uncut_correct = predict(uncut, split.val_x) == split.val_y
     reference = float(uncut_correct.float().mean())
     screen, full = plan.screen_steps, plan.heal_steps
-    rehealed = screen < full
-    rule = AcceptanceRule(r.max_drop, r.confidence, r.budget + rehealed)
+    guarantee = plan.guarantee
     inputs = CutInputs(plan.phases, plan.distances, r.seed)
 
     def blocks_for(strategy: str, keep: int) -> list[int] | None:
@@ -614,36 +672,28 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
 
     def heal_and_score(kept: list[int], steps: int) -> Score:
         model = cut_vit(uncut, kept)
-        cut = accuracy(model, split.val_x, split.val_y)
-        steps = plan.heal(model, steps)
         correct = predict(model, split.val_x) == split.val_y
+        cut = float(correct.float().mean())
+        if steps:
+            steps = plan.heal(model, steps)
+            correct = predict(model, split.val_x) == split.val_y
         return Score(cut, float(correct.float().mean()),
                      PairedDrop.from_correct(uncut_correct.tolist(), correct.tolist()), steps, model)
 
     record: dict[str, Any] = {
-        "max_drop": r.max_drop, "confidence": r.confidence, "rule": rule.to_dict(), "budget": r.budget,
+        "max_drop": r.max_drop, "confidence": r.confidence, "rule": guarantee.to_dict(), "budget": r.budget,
         "screen_steps": screen, "heal_steps": full, "validation_images": len(split.val_y),
         "test_images": len(split.test_y), "uncut_validation_accuracy": reference,
-        "certifiable": rule.certifiable(len(split.val_y)), "journal": None if r.journal is None else str(r.journal),
-        "resumed_candidates": 0, "candidates": [], "winner": None, "winner_strategy": "uncut", "full_heal": None,
-        "healing_steps": 0}
-    if not record["certifiable"]:
-        needed = rule.images_needed()
-        floor = rule.bound(PairedDrop(len(split.val_y), 0, 0))
-        record["message"] = (
-            f"no cut: {len(split.val_y)} validation images cannot certify any cut at {100 * r.confidence:g} % "
-            f"confidence over {rule.tests} bounds (even a cut that changes no prediction has an upper bound of "
-            f"{_points(floor)} > {r.max_drop:g}); "
-            + (f"it would take {needed} validation images, " if needed is not None else "")
-            + "a larger max drop, a smaller budget or confidence 0; kept the uncut model")
-        return copy.deepcopy(uncut), list(range(depth)), record
-    journal = SearchJournal(r.journal, _search_header(plan, rule, uncut_correct), resume=r.resume)
-    progress = SearchProgress(r.budget * screen + (full if rehealed else 0), r.budget, r.progress)
-    search = CutSearch(depth, rule, r.budget, blocks_for, lambda _strategy, kept: heal_and_score(kept, screen),
+        "journal": None if r.journal is None else str(r.journal), "resumed_candidates": 0, "candidates": [],
+        "winner": None, "winner_strategy": "uncut", "full_heal": None, "healing_steps": 0}
+    journal = SearchJournal(r.journal, _search_header(plan, guarantee, uncut_correct), resume=r.resume)
+    progress = SearchProgress(r.budget * screen + (full if guarantee.rehealed else 0), r.budget, r.progress)
+    search = CutSearch(depth, guarantee, r.budget, blocks_for,
+                       lambda _strategy, kept, healed: heal_and_score(kept, screen if healed else 0),
                        journal=journal, progress=progress)
     try:
-        winner = search.run(plan.recommendation.depth)
-        model = _final_heal(search, winner, heal_and_score, rule, record, progress, rehealed, full, screen)
+        winner = search.run()
+        model = _final_heal(search, winner, heal_and_score, guarantee, record, progress)
     finally:
         progress.close()
     record["resumed_candidates"] = sum(c.resumed for c in search.candidates)
@@ -664,7 +714,8 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
         record["message"] = (f"no cut: no cut of the {depth}-block model was certified within {r.max_drop:g} "
                              f"point{'' if r.max_drop == 1 else 's'} after {len(search.candidates)} candidates"
                              + ("" if closest is None else
-                                f"; the closest, {closest.strategy} keeping {closest.keep} blocks, dropped "
+                                f"; the closest, {closest.strategy} keeping {closest.keep} blocks "
+                                f"{'as cut' if closest.chain == 'cut' else 'healed'}, dropped "
                                 f"{_points(closest.drop.drop)} on validation with an upper bound of "
                                 f"{_points(closest.bound)}") + "; kept the uncut model")
         return copy.deepcopy(uncut), list(range(depth)), record
@@ -674,20 +725,22 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
 
 
 def _final_heal(search: CutSearch, winner: Candidate | None, heal_and_score: Callable[[list[int], int], Score],
-                rule: AcceptanceRule, record: dict[str, Any], progress: SearchProgress, rehealed: bool, full: int,
-                screen: int) -> nn.Module | None:
-    """The winner's model: healed afresh with the full budget when screening was shorter (kept if it qualifies,
-    recorded under ``full_heal``), else the screened model (healed again when it came from a journal)."""
+                guarantee: SearchGuarantee, record: dict[str, Any], progress: SearchProgress) -> nn.Module | None:
+    """The winner's model: a cut kept as it is; a screened cut healed afresh with the full budget when screening
+    was shorter (kept if its own rule passes, recorded under ``full_heal``), else the screened model (healed
+    again when it came from a journal)."""
     if winner is None:
         return None
-    if rehealed:
+    if winner.chain == "healed" and guarantee.rehealed:
+        full = int(record["heal_steps"])
         score = heal_and_score(winner.kept, full)
-        bound = rule.bound(score.drop)
+        rule = guarantee.rule("full heal")
         qualifies = rule.qualifies(score.drop)
         progress.advance(score.steps, len(search.candidates), f"full heal of K={winner.keep}")
         record["full_heal"] = {"healing_steps": score.steps, "validation_accuracy": score.healed_accuracy,
                                "validation_drop": {"points": 100 * score.drop.drop,
-                                                   "upper_bound_points": 100 * bound, **score.drop.to_dict()},
+                                                   "upper_bound_points": 100 * rule.bound(score.drop),
+                                                   **score.drop.to_dict()},
                                "qualifies": qualifies}
         if qualifies:
             assert isinstance(score.model, nn.Module)
@@ -696,6 +749,6 @@ def _final_heal(search: CutSearch, winner: Candidate | None, heal_and_score: Cal
     record["healing_steps"] = winner.healing_steps
     if isinstance(search.best_model, nn.Module):
         return search.best_model
-    model = heal_and_score(winner.kept, screen).model  # a journalled winner: the same seeded heal again
+    model = heal_and_score(winner.kept, winner.healing_steps).model  # journalled: the same seeded heal again
     assert isinstance(model, nn.Module)
     return model

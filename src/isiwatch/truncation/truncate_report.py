@@ -56,24 +56,34 @@ def report_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
 
 
 def candidates_table(report: dict[str, Any]) -> str:
-    """Every cut ``auto`` screened: validation accuracies, the paired drop and its bound, costs, the verdict."""
+    """Every cut ``auto`` scored, in testing order (as cuts, then healed): validation accuracies, the paired drop
+    and its bound, healing steps (0: scored as cut), costs, the verdict."""
     search = report["search"]
-    header = ["strategy", "blocks", "kept", "val cut", "val healed", "val drop", "bound", "params", "MFLOPs/img",
-              f"latency ms/{search.get('latency_batch', 64)}", ""]
-    rows = [[c["strategy"], c["keep"], ",".join(map(str, c["kept_blocks"])), c["validation_accuracy"]["cut"],
-             c["validation_accuracy"]["healed"], f"{c['validation_drop']['points']:.2f}",
-             f"{c['validation_drop']['upper_bound_points']:.2f}", c["parameters"], c["flops_per_image"] / 1e6,
-             c["latency_ms"], "winner" if c["winner"] else ("ok" if c["qualifies"] else "")]
+    header = ["strategy", "blocks", "kept", "heal steps", "val cut", "val healed", "val drop", "bound", "params",
+              "MFLOPs/img", f"latency ms/{search.get('latency_batch', 64)}", ""]
+    rows = [[c["strategy"], c["keep"], ",".join(map(str, c["kept_blocks"])), c["healing_steps"],
+             c["validation_accuracy"]["cut"], c["validation_accuracy"]["healed"],
+             f"{c['validation_drop']['points']:.2f}", f"{c['validation_drop']['upper_bound_points']:.2f}",
+             c["parameters"], c["flops_per_image"] / 1e6, c["latency_ms"],
+             "winner" if c["winner"] else ("ok" if c["qualifies"] else "")]
             for c in search["candidates"]]
+    return f"{rule_line(search)}\n{format_table(header, rows)}" if rows else rule_line(search)
+
+
+def rule_line(search: dict[str, Any]) -> str:
+    """How ``auto`` judged its candidates, in one line."""
     rule = search["rule"]
     points = f"{rule['max_drop']:g} point{'' if rule['max_drop'] == 1 else 's'}"
-    how = ("the validation drop (a point estimate)" if rule["confidence"] == 0 else
-           f"the upper {100 * rule['confidence']:g} % confidence bound of the validation drop (exact; Bonferroni "
-           f"over {rule['tests']} bounds)")
-    line = (f"uncut validation accuracy {search['uncut_validation_accuracy']:.3f} on {search['validation_images']} "
-            f"images; a cut qualifies when {how} is within {points}; drops and bounds in points; each candidate "
-            f"screened with {search['screen_steps']} healing steps")
-    return f"{line}\n{format_table(header, rows)}" if rows else line
+    if rule["confidence"] == 0:
+        how = f"its validation drop (a point estimate) is within {points}"
+    else:
+        how = (f"the upper {100 * rule['confidence']:g} % confidence bound of its validation drop (exact) is "
+               f"within {points}, tested in a fixed order from the fewest blocks dropped, each cut as it is, then "
+               f"healed, each sequence stopping at its first failure")
+    screened = (f"; each healed candidate screened with {search['screen_steps']} healing steps"
+                if "healed" in rule["parts"] else "; no healing (0 steps): cuts only")
+    return (f"uncut validation accuracy {search['uncut_validation_accuracy']:.3f} on {search['validation_images']} "
+            f"images; a cut qualifies when {how}; drops and bounds in points{screened}")
 
 
 def verdict_line(report: dict[str, Any]) -> str:
@@ -84,12 +94,19 @@ def verdict_line(report: dict[str, Any]) -> str:
     winner, test, depth = search["winner"], search["test"], report["cost"]["uncut"]["blocks"]
     full = search.get("full_heal")
     judged = full if full and full["qualifies"] else winner
+    if winner["chain"] == "cut":
+        kind = "as cut, not healed"
+    elif judged is full:
+        kind = f"full heal of {report['healing_steps']} steps"
+    else:
+        kind = f"screening heal of {report['healing_steps']} steps" + (
+            "; its full heal was not certified" if full else "")
     bound = judged["validation_drop"]["upper_bound_points"]
     confidence = search["rule"]["confidence"]
     how = f"upper {100 * confidence:g} % bound {bound:.2f}" if confidence else f"point estimate {bound:.2f}"
-    return (f"cut to {winner['keep']} of {depth} blocks ({winner['strategy']}, {report['healing_steps']} healing "
-            f"steps): validation drop {judged['validation_drop']['points']:.2f} points, {how} <= "
-            f"{search['max_drop']:g}; test drop {_points(test['points'])} on {test['images']} images, scored once "
+    return (f"cut to {winner['keep']} of {depth} blocks ({winner['strategy']}, {kind}): validation drop "
+            f"{judged['validation_drop']['points']:.2f} points, {how} <= {search['max_drop']:g}; test drop "
+            f"{_points(test['points'])} on {test['images']} images, scored once "
             f"({'within' if test['within_max_drop'] else 'beyond'} {search['max_drop']:g})")
 
 
