@@ -68,8 +68,10 @@ def test_user_exporter_gets_every_sample_with_the_watch_context(digits, tmp_path
 def test_user_exporter_hooks_default_to_nothing():
     context = SampleContext("r", (), None, frozenset(), {}, False)
     exporter = Exporter()
+    exporter.open()
     exporter.write_alert(None)
     exporter.rename("other")
+    exporter.resume("other", 4)
     exporter.close(context)
 
 

@@ -69,7 +69,7 @@ class Exporter:
         """Open the backend (its files, its connection) now: the Watch calls it once, when it is built, so that a
         backend that cannot be opened (a full or read-only disk) is reported then, not at the first sample. One
         that raises is reported like any failing hook, and its next write tries again; so a constructor should
-        only record its arguments, and every write open what is not open yet."""
+        refuse bad arguments but leave the opening to this hook, and every write open what is not open yet."""
 
     def write_sample(self, sample: Sample, context: SampleContext) -> None:
         """Export one sample (called after the sample's alerts and the stopping decision).
