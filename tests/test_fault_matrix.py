@@ -132,9 +132,6 @@ FILES = ("jsonl", "tensorboard", "mlflow", "wandb")  # the exporters a disk faul
 #: Cells where the backend library itself breaks a promise, beyond what its exporter can contain (strict: a fix in
 #: the library or its exporter turns them into failures here, to be unmarked).
 BACKEND_GAPS = {
-    ("full disk when the Watch is built", "mlflow"): "MLflow's own logger prints each failed SQL statement with its "
-    "traceback on stderr (mlflow.store.db.utils, ERROR), hundreds of lines",
-    ("full disk mid-run", "mlflow"): "MLflow's own logger prints each failed SQL statement with its traceback",
     ("full disk when the Watch is built", "wandb"): "wandb's own logging prints '--- Logging error ---' tracebacks, "
     "and its service never writes the run's log, without an error the exporter could report",
 }

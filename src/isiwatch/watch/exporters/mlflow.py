@@ -7,7 +7,10 @@ and Alembic, which mlflow-skinny does not install.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator, Mapping
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -23,6 +26,35 @@ if TYPE_CHECKING:
 #: stores import that mlflow-skinny does not install.
 _DATABASE_SCHEMES = {"sqlite", "mysql", "postgresql", "mssql"}
 _DATABASE_PACKAGES = ("sqlalchemy", "alembic")
+
+
+_calls = threading.local()
+
+
+class _DuringExporterCalls(logging.Filter):
+    """Drops what MLflow logs on this thread while one of the exporter's own calls runs: the Watch reports a failed
+    call in one line, while MLflow's SQL store logs every failed statement with its traceback (hundreds of stderr
+    lines on a full disk). What MLflow logs for the user's own calls passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_calls, "active", False)
+
+
+_FILTER = _DuringExporterCalls()
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Run an MLflow call with MLflow's own log output of it dropped (see ``_DuringExporterCalls``)."""
+    for name in ("mlflow", "sqlalchemy.engine", "alembic"):  # the loggers MLflow gives its stderr handler
+        for handler in logging.getLogger(name).handlers:
+            if _FILTER not in handler.filters:
+                handler.addFilter(_FILTER)
+    _calls.active = True
+    try:
+        yield
+    finally:
+        _calls.active = False
 
 
 def _client(tracking_uri: str | None) -> MlflowClient:
@@ -88,6 +120,10 @@ class MlflowExporter(Exporter):
 
     def _start(self, run: str) -> str:
         """The run id, starting the run and logging the params on the first call."""
+        with _quiet():
+            return self._started_run(run)
+
+    def _started_run(self, run: str) -> str:
         if self.run_id is None:
             experiment_id = "0"  # MLflow's default experiment
             if self.experiment is not None:
@@ -106,22 +142,26 @@ class MlflowExporter(Exporter):
 
         run_id = self._start(context.run)
         ms = int(sample.time * 1000)
-        self.client.log_batch(run_id, metrics=[Metric(self.prefix + name, value, ms, sample.step)
-                                               for name, value in present_series(sample).items()])
+        with _quiet():
+            self.client.log_batch(run_id, metrics=[Metric(self.prefix + name, value, ms, sample.step)
+                                                   for name, value in present_series(sample).items()])
 
     def write_alert(self, alert: Alert) -> None:
         from mlflow.entities import Metric, RunTag
 
         run_id = self._start(alert.run)
         kind, value = episode_value(alert)
-        self.client.log_batch(run_id, metrics=[Metric(f"{self.prefix}alerts/{kind}", value, int(alert.time * 1000),
-                                                      alert.step)],
-                              tags=[RunTag(f"isiwatch.alert.{kind}", f"step {alert.step}: {alert.message}")])
+        with _quiet():
+            self.client.log_batch(run_id, metrics=[Metric(f"{self.prefix}alerts/{kind}", value,
+                                                          int(alert.time * 1000), alert.step)],
+                                  tags=[RunTag(f"isiwatch.alert.{kind}", f"step {alert.step}: {alert.message}")])
 
     def rename(self, run: str) -> None:
         if self._owned and self.run_id is not None:
-            self.client.set_tag(self.run_id, "mlflow.runName", run)
+            with _quiet():
+                self.client.set_tag(self.run_id, "mlflow.runName", run)
 
     def close(self, context: SampleContext) -> None:
         if self._owned and self.run_id is not None:
-            self.client.set_terminated(self.run_id)
+            with _quiet():
+                self.client.set_terminated(self.run_id)
