@@ -1,0 +1,281 @@
+"""The guarantee of ``truncate --strategy auto`` on resampled validation/test splits: fixed-sequence testing (the
+rule now) against Bonferroni over the budget (the rule before).
+
+Models: digits ViTs (the embedded digits, ``--data mnist``'s split: 4,000 healing digits, 1,000 held out),
+trained on the healing digits with seeded AdamW:
+
+- ``padded-a``: a 4-block ViT with an exact identity block (both residual branches zeroed) after each block;
+- ``padded-b``: a 4-block ViT of another seed with 4 identity blocks after its last;
+- ``near-c``: a 4-block ViT of a third seed with a nearly idle block after each block (a copy of its second
+  block with both residual branches scaled to 10 %: cutting it changes a few predictions);
+- ``trained-6``: a 6-block ViT, every block trained.
+
+Every candidate a rule tests is healed once, when a rule first asks for it, on the healing digits only and with
+``truncate``'s defaults (screening a quarter of the full heal of 2 epochs: 16 and 64 steps), and its predictions
+on all 1,000 held-out digits are kept. A case is one seeded split of the held-out digits into 500 validation and
+500 test digits. No candidate depends on the held-out digits (healing reads the healing digits, the fixed order
+their block influence), so choosing among already-healed candidates on a fresh split is what ``truncate`` would
+do on that split, without healing again. Each rule chooses on validation at confidence 0.95 with the default
+budget, and its delivered model (the uncut one when it certifies nothing) is scored once on test.
+
+The summary gives, per rule and max drop: cases, certified cuts, blocks removed, coverage (the share of cases
+whose delivered model's test drop is within the max drop: the claim is at least 95 %), the share within the
+winner's own validation bound, the drop on all 1,000 held-out digits (the population both halves are drawn
+from) and the validation images each rule needs to certify a cut that changes nothing.
+
+    python benchmarks/bench_guarantee.py       # 4 models x 10 splits x max drop 1, 3 and 5 points, 2 rules
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import timm
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+from machine import machine  # noqa: E402
+from test_truncate_auto import ARCH, KWARGS, padded  # noqa: E402
+
+from isiwatch._utils.files import write_json  # noqa: E402
+from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
+from isiwatch.io.data import DIGITS_TRAIN, embedded_digits  # noqa: E402
+from isiwatch.truncation.confidence import AcceptanceRule, PairedDrop, SearchGuarantee  # noqa: E402
+from isiwatch.truncation.healing import predict, train_classifier  # noqa: E402
+from isiwatch.truncation.search import CutSearch, Score  # noqa: E402
+from isiwatch.truncation.strategies import AUTO_STRATEGIES, DEFAULT_BUDGET, DEFAULT_CONFIDENCE  # noqa: E402
+from isiwatch.truncation.truncate import TruncateRequest, TruncationPlan, choose_blocks, cut_vit, plan  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results" / "guarantee"
+#: Model name: (seed, trained blocks, idle blocks after which trained block (-1: before the first), the idle
+#: blocks' residual scale: 0 an exact identity).
+MODELS = {"padded-a": (0, 4, [0, 1, 2, 3], 0.0), "padded-b": (1, 4, [3, 3, 3, 3], 0.0),
+          "near-c": (3, 4, [0, 1, 2, 3], 0.1), "trained-6": (2, 6, [], 0.0)}
+RULES = ("fixed sequence", "Bonferroni (before)")
+
+
+def train(name: str, epochs: int, work: Path) -> Path:
+    """The checkpoint of model ``name``, trained on the healing digits (kept in ``work`` between runs)."""
+    path = work / f"{name}-e{epochs}.pt"
+    if path.exists():
+        return path
+    seed, depth, idle_after, scale = MODELS[name]
+    images, labels = embedded_digits()
+    torch.manual_seed(seed)
+    model = timm.create_model(ARCH, pretrained=False, depth=depth, **KWARGS)
+    train_classifier(model, images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN], epochs=epochs, lr=3e-3, batch_size=128,
+                     seed=seed)
+    return padded(model.eval(), idle_after, path, scale)
+
+
+class Candidates:
+    """The cuts of one model that the rules tested, each healed once for the steps asked (0: as cut); each
+    one's correctness on the held-out digits (validation then test halves of ``plan``'s split)."""
+
+    def __init__(self, planned: TruncationPlan):
+        self.plan, self.depth = planned, planned.depth
+        self.labels = torch.cat([planned.split.val_y, planned.split.test_y])
+        self.uncut = predict(planned.uncut, planned.split.held_out_x) == self.labels
+        self.correct: dict[tuple[tuple[int, ...], int], torch.Tensor] = {}
+        self.heals = 0
+
+    def blocks_for(self, strategy: str, keep: int) -> list[int] | None:
+        p = self.plan
+        if strategy == "plateau" and p.phases is None:
+            return None
+        return choose_blocks(strategy, self.depth, keep, phases=p.phases, distances=p.distances, seed=0)
+
+    def of(self, kept: list[int], steps: int) -> torch.Tensor:
+        key = (tuple(kept), steps)
+        if key not in self.correct:
+            model = cut_vit(self.plan.uncut, kept)
+            if steps:
+                self.plan.heal(model, steps)
+                self.heals += 1
+            self.correct[key] = predict(model, self.plan.split.held_out_x) == self.labels
+        return self.correct[key]
+
+    def pair(self, kept: list[int], steps: int, images: torch.Tensor) -> PairedDrop:
+        return PairedDrop.from_correct(self.uncut[images].tolist(), self.of(kept, steps)[images].tolist())
+
+
+def fixed_sequence(cands: Candidates, val: torch.Tensor, max_drop: float) -> tuple[list[int], int, float | None]:
+    """The rule now (`CutSearch` and the full heal's own rule, as ``auto_cut`` runs them): the delivered
+    model's kept blocks, healing steps and validation bound (None: nothing certified, the uncut model)."""
+    p = cands.plan
+    screen, full = p.screen_steps, p.heal_steps
+    guarantee = SearchGuarantee(max_drop, DEFAULT_CONFIDENCE, min(DEFAULT_BUDGET, cands.depth - 1))
+    if not guarantee.certifiable(len(val)):
+        return list(range(cands.depth)), 0, None
+
+    def score(strategy: str, kept: list[int], healed: bool) -> Score:
+        steps = screen if healed else 0
+        return Score(0.0, float(cands.of(kept, steps)[val].float().mean()), cands.pair(kept, steps, val), steps)
+    search = CutSearch(cands.depth, guarantee, DEFAULT_BUDGET, cands.blocks_for, score)
+    winner = search.run()
+    if winner is None:
+        return list(range(cands.depth)), 0, None
+    if winner.chain == "healed":
+        pair, rule = cands.pair(winner.kept, full, val), guarantee.rule("full heal")
+        if rule.qualifies(pair):
+            return winner.kept, full, rule.bound(pair)
+    return winner.kept, winner.healing_steps, winner.bound
+
+
+class Exhausted(Exception):
+    """The budget is spent."""
+
+
+def bonferroni(cands: Candidates, val: torch.Tensor, max_drop: float,
+               start: int) -> tuple[list[int], int, float | None]:
+    """The rule before: every bound at (1 − confidence) / (budget + 1), refused outright when even a cut that
+    changes nothing cannot pass; bisection along K with the first strategy from the recommended depth, the
+    other strategies just below the cheapest K found, every candidate screened; the winner healed in full and
+    kept when it passes too."""
+    p = cands.plan
+    screen, full = p.screen_steps, p.heal_steps
+    rule = AcceptanceRule(max_drop, (1 - DEFAULT_CONFIDENCE) / (DEFAULT_BUDGET + 1))
+    needed = rule.images_needed()
+    if needed is None or len(val) < needed:
+        return list(range(cands.depth)), 0, None
+    tried: dict[tuple[int, ...], tuple[bool, float, float]] = {}  # kept: qualifies, healed accuracy, bound
+
+    def qualifies(strategy: str, keep: int) -> bool:
+        kept = cands.blocks_for(strategy, keep)
+        if kept is None:
+            return False
+        if tuple(kept) not in tried:
+            if len(tried) >= DEFAULT_BUDGET:
+                raise Exhausted
+            pair = cands.pair(kept, screen, val)
+            tried[tuple(kept)] = (rule.qualifies(pair), float(cands.of(kept, screen)[val].float().mean()),
+                                  rule.bound(pair))
+        return tried[tuple(kept)][0]
+
+    applicable = [s for s in AUTO_STRATEGIES if cands.blocks_for(s, 1) is not None]
+    low, high, probe = 1, cands.depth, start if 1 <= start < cands.depth else None
+    try:
+        while low < high:
+            middle = probe if probe is not None else (low + high) // 2
+            probe = None
+            if qualifies(applicable[0], middle):
+                high = middle
+            else:
+                low = middle + 1
+        keep = high - 1
+        while keep >= 1 and any(qualifies(s, keep) for s in applicable):
+            keep -= 1
+    except Exhausted:
+        pass
+    passed = [(len(k), -acc, list(k), bound) for k, (ok, acc, bound) in tried.items() if ok]
+    if not passed:
+        return list(range(cands.depth)), 0, None
+    _, _, kept, bound = min(passed)
+    pair = cands.pair(kept, full, val)
+    if rule.qualifies(pair):
+        return kept, full, rule.bound(pair)
+    return kept, screen, bound
+
+
+def run_model(name: str, args: argparse.Namespace, models: dict) -> list[dict]:
+    """Every case of one model: both rules at each max drop on each seeded split of its held-out digits; what
+    the model is goes to ``models``."""
+    path = train(name, args.epochs, args.work)
+    planned = {d: plan(TruncateRequest(path, data="mnist", workers=0, max_drop=d)) for d in args.max_drops}
+    cands = Candidates(planned[args.max_drops[0]])
+    held = len(cands.labels)
+    rows = []
+    for resample in range(args.resamples):
+        order = torch.randperm(held, generator=torch.Generator().manual_seed(1000 * MODELS[name][0] + resample))
+        val, test, every = order[:held // 2], order[held // 2:], torch.arange(held)
+        for max_drop in args.max_drops:
+            start = planned[max_drop].recommendation
+            for rule in RULES:
+                kept, steps, bound = (fixed_sequence(cands, val, max_drop) if rule == RULES[0] else
+                                      bonferroni(cands, val, max_drop, start.depth if start else cands.depth))
+                test_drop = 100 * cands.pair(kept, steps, test).drop
+                rows.append({"model": name, "depth": cands.depth, "resample": resample, "max_drop": max_drop,
+                             "rule": rule, "keep": len(kept), "kept": kept, "healing_steps": steps,
+                             "validation_bound_points": None if bound is None else 100 * bound,
+                             "test_drop_points": test_drop,
+                             "population_drop_points": 100 * cands.pair(kept, steps, every).drop,
+                             "within_max_drop": test_drop <= max_drop + 1e-9,
+                             "within_bound": bound is None or test_drop <= 100 * bound + 1e-9})
+        print(f"{name} split {resample}: " + "; ".join(
+            f"{r['rule']} at {r['max_drop']:g}: K={r['keep']} test drop {r['test_drop_points']:+.1f}"
+            for r in rows[-2 * len(args.max_drops):]), flush=True)
+    models[name] = {"depth": cands.depth, "heals": cands.heals,
+                    "uncut_held_out_accuracy": float(cands.uncut.float().mean())}
+    print(f"{name}: {cands.heals} heals, uncut held-out accuracy {models[name]['uncut_held_out_accuracy']:.3f}",
+          flush=True)
+    return rows
+
+
+def summarise(rows: list[dict]) -> tuple[dict, list[str]]:
+    """Per rule and max drop: cases, cuts, blocks removed, coverage; the cuts the fixed sequence adds."""
+    summary: dict = {"groups": {}, "images_needed": {}}
+    lines = ["| rule | max drop | cases | certified cuts (healed) | blocks removed | test drop ≤ max drop (coverage) | "
+             "test drop ≤ own bound | worst test drop | drop on all 1,000 held out ≤ max drop |",
+             "|---" * 9 + "|"]
+    for max_drop in sorted({r["max_drop"] for r in rows}):
+        for rule in RULES:
+            group = [r for r in rows if r["rule"] == rule and r["max_drop"] == max_drop]
+            entry = {"cases": len(group), "cuts": sum(r["keep"] < r["depth"] for r in group),
+                     "healed_cuts": sum(r["keep"] < r["depth"] and r["healing_steps"] > 0 for r in group),
+                     "blocks_removed": sum(r["depth"] - r["keep"] for r in group),
+                     "coverage": statistics.fmean(r["within_max_drop"] for r in group),
+                     "within_bound": statistics.fmean(r["within_bound"] for r in group),
+                     "worst_test_drop_points": max(r["test_drop_points"] for r in group),
+                     "population_coverage": statistics.fmean(r["population_drop_points"] <= max_drop + 1e-9
+                                                             for r in group)}
+            summary["groups"][f"{rule} @ {max_drop:g}"] = entry
+            lines.append(f"| {rule} | {max_drop:g} | {entry['cases']} | {entry['cuts']} ({entry['healed_cuts']}) | "
+                         f"{entry['blocks_removed']} | {100 * entry['coverage']:.0f} % | "
+                         f"{100 * entry['within_bound']:.0f} % | {entry['worst_test_drop_points']:+.1f} | "
+                         f"{100 * entry['population_coverage']:.0f} % |")
+        now, before = (summary["groups"][f"{rule} @ {max_drop:g}"] for rule in RULES)
+        summary[f"more_cuts @ {max_drop:g}"] = now["cuts"] - before["cuts"]
+        summary[f"more_blocks_removed @ {max_drop:g}"] = now["blocks_removed"] - before["blocks_removed"]
+        now_needed = SearchGuarantee(max_drop, DEFAULT_CONFIDENCE, min(DEFAULT_BUDGET, 7)).images_needed()
+        before_needed = AcceptanceRule(max_drop, (1 - DEFAULT_CONFIDENCE) / (DEFAULT_BUDGET + 1)).images_needed()
+        summary["images_needed"][f"{max_drop:g}"] = {"fixed sequence": now_needed, "Bonferroni (before)": before_needed}
+        more = (summary[f"more_cuts @ {max_drop:g}"], summary[f"more_blocks_removed @ {max_drop:g}"])
+        lines.append(f"| | | | **{more[0]:+d} cuts, {more[1]:+d} blocks** | | | | | |")
+    lines += ["", "Validation images a cut that changes nothing needs to be certified (confidence 0.95, budget "
+              f"{DEFAULT_BUDGET}, screening shorter than the full heal): " + "; ".join(
+                  f"{d} point{'' if d == '1' else 's'}: {n['fixed sequence']} (before: {n['Bonferroni (before)']})"
+                  for d, n in summary["images_needed"].items())]
+    return summary, lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--resamples", type=int, default=10, help="seeded validation/test splits per model")
+    parser.add_argument("--max-drops", type=float, nargs="+", default=[1.0, 3.0, 5.0])
+    parser.add_argument("--epochs", type=int, default=10, help="training epochs of each model")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/isiwatch-bench-guarantee"))
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    add_threads_argument(parser)
+    args = parser.parse_args()
+    threads = set_torch_threads(args.threads)
+    record = machine(threads)
+    args.work.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    models: dict = {}
+    rows = [row for name in args.models for row in run_model(name, args, models)]
+    summary, lines = summarise(rows)
+    print("\n".join(lines))
+    record.update(load_1min_end=round(current_load(), 2), seconds=round(time.perf_counter() - start))
+    write_json(args.results / "guarantee.json", {"summary": summary, "markdown": lines, "models": models,
+                                                 "rows": rows, "machine": record,
+                                                 "args": {k: str(v) for k, v in vars(args).items()}})
+
+
+if __name__ == "__main__":
+    main()

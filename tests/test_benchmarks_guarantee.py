@@ -1,0 +1,24 @@
+"""The guarantee benchmark runs end to end on a tiny setting (so its committed command does not rot)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parent.parent / "benchmarks" / "bench_guarantee.py"
+
+
+@pytest.mark.slow
+def test_one_padded_model_one_split(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH), "--models", "padded-a", "--resamples", "1", "--epochs", "1",
+                           "--max-drops", "3", "--work", str(tmp_path / "work"), "--results", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "guarantee.json").read_text())
+    now, before = (result["summary"]["groups"][f"{rule} @ 3"] for rule in ("fixed sequence", "Bonferroni (before)"))
+    assert now["cases"] == before["cases"] == 1
+    assert now["cuts"] == 1 and now["healed_cuts"] == 0  # the identity blocks, cut as they are
+    assert result["rows"][0]["keep"] == 4 and result["rows"][0]["test_drop_points"] == 0
+    assert result["summary"]["images_needed"]["3"] == {"fixed sequence": 158, "Bonferroni (before)": 215}
