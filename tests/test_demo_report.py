@@ -125,6 +125,9 @@ def test_quick_demo_writes_the_run_directory(demo_run):
     assert f"recommended depth {analysis['recommendation']['depth']} of {QUICK.depth} vs cut to " in output
     assert ": a signal from one analysis pass of the trained (uncut) model, no healing; truncate checks" in output
     assert "held-out digits (truncate below halves them into validation and test images)" in output
+    certifiable = output.index(f"auto: {search['validation_images']} validation images; a cut that changes no "
+                               "prediction needs ")
+    assert certifiable < output.index("uncut validation accuracy")  # said before the search, as truncate says it
     full = search["full_heal"]
     judged = full if full and full["qualifies"] else search["winner"]  # the model kept
     assert judged["validation_drop"]["upper_bound_points"] <= QUICK.max_drop

@@ -245,7 +245,7 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
                                  max_drop=settings.max_drop, confidence=DEFAULT_CONFIDENCE, budget=settings.cut_budget,
                                  screen_steps=settings.screen_steps, heal_steps=settings.heal_steps,
                                  distill=settings.distill, report=out / "truncate_report.json", device=device,
-                                 seed=seed, progress=progress)
+                                 seed=seed, progress=progress, echo=echo)
         echo(candidates_table(truncated.report))
         echo(report_table(truncated.report))
         echo(verdict_line(truncated.report))
