@@ -14,6 +14,7 @@ from isiwatch.io.checkpoint import load_checkpoint
 from isiwatch.io.data import embedded_digits
 from isiwatch.io.models import build_model
 from isiwatch.truncation.healing import train_classifier
+from isiwatch.truncation.strategies import STRATEGIES
 from isiwatch.truncation.truncate import truncate
 
 ARCH = "vit_tiny_patch16_224"
@@ -98,7 +99,10 @@ def test_cli_auto_is_the_default_and_prints_every_candidate(idle_ckpt, tmp_path)
     assert "(auto: bi)" in result.output and out.exists()
     assert "cut to 4 of 7 blocks (bi, as cut, not healed)" in result.output  # the 3 identity blocks
     assert "no healing (0 steps): cuts only" in result.output  # --epochs 0: no healed duplicates
-    assert "recommended" not in result.output  # every strategy shown is one the docs list
+    lines = result.output.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["strategy", "blocks"])
+    rows = [line.split()[0] for line in lines[header + 1:] if line.split()[0] != "model"][:4]
+    assert rows and set(rows) <= set(STRATEGIES)  # every strategy shown is one the docs list
 
 
 def test_a_validation_split_too_small_to_certify_stops_before_any_work_and_says_how_many_it_needs(
@@ -122,8 +126,10 @@ def test_confidence_zero_runs_where_the_bound_cannot_certify(busy_ckpt):
 
 def test_the_defaults_cut_the_identity_blocks_of_a_padded_model(four_blocks, tmp_path):
     """``isiwatch truncate CKPT --out OUT --data mnist`` and nothing else, on the trained 4-block ViT with an exact
-    identity block after each of its blocks: it says what it can certify before healing, and cuts the 4 identity
-    blocks (as cut: a healed cut's noise would fail a 1-point bound on 500 images)."""
+    identity block after each of its blocks: it says what it can certify before healing, certifies the cuts of the
+    identity blocks as they are (no discordant image) and cuts all 4 (healing on the 4,000 digits may then
+    certify a deeper cut of this briefly trained ViT; benchmarks/bench_guarantee.py cuts exactly the identity
+    blocks of better trained ones)."""
     ckpt = padded(four_blocks, [0, 1, 2, 3], tmp_path / "padded.pt")
     out = tmp_path / "cut.pt"
     result = CliRunner().invoke(main, ["truncate", str(ckpt), "--out", str(out), "--data", "mnist"])
@@ -132,9 +138,11 @@ def test_the_defaults_cut_the_identity_blocks_of_a_padded_model(four_blocks, tmp
     said = lines.index("auto: 500 validation images; a cut that changes no prediction needs 477 to be certified "
                        "within 1 point at 95 % confidence")
     assert said < next(i for i, line in enumerate(lines) if line.startswith("uncut validation accuracy"))
-    assert "cut to 4 of 8 blocks (bi, as cut, not healed)" in result.output
-    saved = torch.load(out, weights_only=True)
-    assert saved["isiwatch"]["kept_blocks"] == [0, 2, 4, 6] and saved["model_kwargs"]["depth"] == 4
+    as_cut = [line.split() for line in lines if line.split()[:1] == ["bi"] and line.split()[3] == "0"]
+    assert [row[1] for row in as_cut[:4]] == ["7", "6", "5", "4"]
+    assert all(row[6] == "0.00" and row[-1] in ("ok", "winner") for row in as_cut[:4])  # certified, no drop
+    kept = torch.load(out, weights_only=True)["isiwatch"]["kept_blocks"]
+    assert len(kept) <= 4 and not {1, 3, 5, 7} & set(kept)
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +175,7 @@ def test_nothing_certified_names_the_closest_candidate_in_one_line(busy_ckpt, tm
 
 
 def test_an_interrupted_search_resumes_without_healing_its_finished_candidates(idle_ckpt, tmp_path, monkeypatch):
-    options = dict(heal_steps=4, screen_steps=2, max_drop=4.0, budget=4, images=200, seed=0)
+    options = dict(heal_steps=4, screen_steps=2, max_drop=6.0, budget=4, images=200, seed=0)
     reference = truncate(idle_ckpt, None, journal=tmp_path / "reference.jsonl", **options).report
     healed = []
     real_heal = truncate_module.heal
