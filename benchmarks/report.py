@@ -429,6 +429,19 @@ def startup_base(data: dict) -> list[str]:
     return _startup(data, "the wheel with its base dependencies", " --python VENV/bin/python --name base")
 
 
+@needs("guarantee/guarantee.json", "The acceptance rule on resampled splits (`benchmarks/bench_guarantee.py`)",
+       "python benchmarks/bench_guarantee.py")
+def guarantee(data: dict) -> list[str]:
+    machine = dict(data.get("machine") or {})
+    seconds = machine.pop("seconds", None)
+    return ["## The acceptance rule on resampled splits (`benchmarks/bench_guarantee.py`)", "",
+            f"Command: `python benchmarks/bench_guarantee.py`. Machine: {describe(machine)}"
+            + (f"; {seconds:.0f} s" if seconds is not None else "") + ". Fixed-sequence testing (today's rule) "
+            "against Bonferroni over the budget (the rule before) on the same healed candidates, each case a seeded "
+            "split of the 1,000 held-out digits into 500 validation and 500 test images.", "",
+            *data["markdown"], ""]
+
+
 @needs("install/install.json", "What the install puts on disk (`benchmarks/bench_install.py`)",
        "python benchmarks/bench_install.py --venv VENV")
 def install(data: dict) -> list[str]:
@@ -493,6 +506,7 @@ SECTIONS: list[Callable[[Path], list[str]]] = [
     startup,
     startup_base,
     install,
+    guarantee,
     truncate_memory,
     contention,
     rendered("GPU check", "gpu_check.py", "gpu/gpu_check.json", "python benchmarks/gpu_check.py --out "
