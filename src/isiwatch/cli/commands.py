@@ -469,7 +469,8 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
 @click.option("--precision", type=click.Choice(PRECISIONS),
               help="Healing and evaluation precision [default: bf16-mixed on CUDA, else 32].")
 @click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Images per batch and process.")
+              help="Images per batch over all processes (each of --devices takes its share), so a run heals "
+                   "alike on any number of processes.")
 @WORKERS
 def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval_data: str | None, dataset: str | None,
              train_split: str, val_split: str, strategy: str | None, keep: int | None, max_drop: float,
