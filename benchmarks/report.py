@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_depth  # noqa: E402
+import bench_freeze  # noqa: E402
 import bench_truncate  # noqa: E402
 import bench_truncate_auto  # noqa: E402
 import score_depth_rules  # noqa: E402
@@ -491,6 +492,17 @@ def contention(data: dict) -> list[str]:
             ""]
 
 
+@needs("freeze/freeze.json", "Acting during training: freeze settled blocks, stop early (`benchmarks/bench_freeze.py`)",
+       "python benchmarks/bench_freeze.py --threads 1")
+def freeze(data: dict) -> list[str]:
+    runs = data["finetune_runs"] + data["scratch_runs"]
+    loads = [r[k] for r in runs for k in ("load_start", "load_end")]
+    return ["## Acting during training: freeze settled blocks, stop early (`benchmarks/bench_freeze.py`)", "",
+            f"Command: `{data['command']}`. Machine: {describe(data.get('machine'))}; the 1-minute load during the "
+            f"runs was {span(loads, '{:.2f}')} (FLOPs and accuracy do not depend on it, wall times do).", "",
+            *bench_freeze.tables(data), ""]
+
+
 SECTIONS: list[Callable[[Path], list[str]]] = [
     depth_sweep,
     rule_scores,
@@ -512,6 +524,7 @@ SECTIONS: list[Callable[[Path], list[str]]] = [
     rendered("GPU check", "gpu_check.py", "gpu/gpu_check.json", "python benchmarks/gpu_check.py --out "
              "benchmarks/results/gpu/gpu_check.json"),
     truncate_fixed,
+    freeze,
     rendered("Specialize evaluation", "bench_specialize.py", "specialize/specialize.json",
              "python benchmarks/bench_specialize.py --seeds 3 --epochs 4 --depth 4"),
 ]
