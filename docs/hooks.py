@@ -14,6 +14,7 @@ from mkdocs.structure.files import File, Files
 FIGURES = {
     "figures/depth.png": "benchmarks/results/depth/depth.png",  # benchmarks/bench_depth.py
     "figures/report_heatmaps.png": "benchmarks/results/demo/report_heatmaps.png",  # benchmarks/report_figure.py
+    "figures/freeze.png": "benchmarks/results/freeze/freeze.png",  # benchmarks/bench_freeze.py
 }
 
 

@@ -20,6 +20,7 @@ _EXPORTS = {
     "Alert": "watch.alerts",
     "friction_alert": "watch.friction",
     "Watch": "watch.monitor",
+    "FreezePolicy": "watch.freezing",
     "WatchOptions": "watch.config",
     "Exporter": "watch.exporters", "SampleContext": "watch.exporters", "JsonlExporter": "watch.exporters",
     "TensorBoardExporter": "watch.exporters", "PrometheusExporter": "watch.exporters",
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
         TensorBoardExporter,
         WandbExporter,
     )
+    from .watch.freezing import FreezePolicy
     from .watch.friction import friction_alert
     from .watch.monitor import Watch
 
@@ -61,7 +63,7 @@ __all__ = [
     # measure a model, recommend its depth
     "analyze", "Analysis", "METRICS", "Phases", "detect_phases", "recommend_depth", "DepthRecommendation",
     # watch a training run
-    "Watch", "WatchOptions", "Alert", "friction_alert",
+    "Watch", "WatchOptions", "FreezePolicy", "Alert", "friction_alert",
     "Exporter", "SampleContext", "JsonlExporter", "TensorBoardExporter", "PrometheusExporter", "MlflowExporter",
     "WandbExporter",
     # cut a trained model
