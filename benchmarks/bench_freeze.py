@@ -66,8 +66,9 @@ from machine import machine  # noqa: E402
 from isiwatch._utils.files import write_json  # noqa: E402
 from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
 from isiwatch.measure.analysis import analyze  # noqa: E402
+from isiwatch.measure.flops import count_flops  # noqa: E402
 from isiwatch.truncation.classifier_layout import block_list, modules_after_blocks  # noqa: E402
-from isiwatch.truncation.cost import count_flops, forward_flops  # noqa: E402
+from isiwatch.truncation.cost import forward_flops  # noqa: E402
 from isiwatch.truncation.healing import make_digits_vit, train_classifier  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "freeze"

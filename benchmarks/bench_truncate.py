@@ -37,8 +37,9 @@ from isiwatch._utils.threads import add_threads_argument, current_load, set_torc
 from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
 from isiwatch.measure.analysis import analyze
 from isiwatch.measure.boundary_distances import boundary_distances
+from isiwatch.measure.flops import count_flops
 from isiwatch.measure.phases import Phases
-from isiwatch.truncation.cost import count_flops, count_parameters, forward_flops, measure_latency
+from isiwatch.truncation.cost import count_parameters, forward_flops, measure_latency
 from isiwatch.truncation.healing import (
     HEAL_BATCH,
     accuracy,

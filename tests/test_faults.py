@@ -570,8 +570,9 @@ class NotHttp:
                     pass
 
 
-def test_a_gateway_that_does_not_speak_http_is_reported_once_and_recovers(digits, unwatched):
-    server = NotHttp()
+def gateway_episode(digits, unwatched, server: NotHttp) -> tuple[list, list]:
+    """Train against ``server`` until it heals; training is unperturbed and the gateway's fault is one episode,
+    opened and cleared. Returns the fault records and all records."""
     try:
         result, records = train_against_gateway(digits, server.port, lambda: setattr(server, "healthy", True))
     finally:
@@ -580,6 +581,12 @@ def test_a_gateway_that_does_not_speak_http_is_reported_once_and_recovers(digits
     faults = [r for r in records if r.kind.startswith("monitor_error")]
     assert kinds(faults) == [("monitor_error", "exporter PrometheusExporter"),
                              ("monitor_error_cleared", "exporter PrometheusExporter")]
+    return faults, records
+
+
+def test_a_gateway_that_does_not_speak_http_is_reported_once_and_recovers(digits, unwatched):
+    server = NotHttp()
+    faults, _ = gateway_episode(digits, unwatched, server)
     assert "BadStatusLine" in faults[0].message or "RemoteDisconnected" in faults[0].message, faults[0].message
     assert False in server.answers and server.answers[-1] is True
 
@@ -590,14 +597,7 @@ def test_a_gateway_answering_garbage_is_reported_in_one_printable_bounded_line(d
     message nor stderr raw: control characters are escaped and the reason is cut at 200 characters."""
     monkeypatch.setattr(logging.root, "handlers", [])
     server = NotHttp(garbage=b"\x1b[2J\x1b[31mpwned\x07\x00" + b"\xff" * 3000 + b"\r\n")
-    try:
-        result, records = train_against_gateway(digits, server.port, lambda: setattr(server, "healthy", True))
-    finally:
-        server.sock.close()
-    assert_unperturbed(result, unwatched)
-    faults = [r for r in records if r.kind.startswith("monitor_error")]
-    assert kinds(faults) == [("monitor_error", "exporter PrometheusExporter"),
-                             ("monitor_error_cleared", "exporter PrometheusExporter")]
+    faults, records = gateway_episode(digits, unwatched, server)
     reason = faults[0].data["error"]
     assert reason.startswith("BadStatusLine: \\x1b[2J\\x1b[31mpwned\\x07\\x00ÿÿÿ") and len(reason) == 200, reason
     err = capsys.readouterr().err

@@ -20,8 +20,9 @@ from isiwatch.io.checkpoint import load_checkpoint, read_raw
 from isiwatch.io.models import build_model
 from isiwatch.measure.analysis import analyze
 from isiwatch.measure.boundary_distances import BoundaryDistances, angular_distance, block_influence, boundary_distances
+from isiwatch.measure.flops import count_flops
 from isiwatch.measure.phases import Phases
-from isiwatch.truncation.cost import count_flops, forward_flops, measure_latency
+from isiwatch.truncation.cost import forward_flops, measure_latency
 from isiwatch.truncation.healing import train_classifier
 from isiwatch.truncation.strategies import AUTO_STRATEGIES, STRATEGIES, CutInputs, inputs_needed
 from isiwatch.truncation.truncate import choose_blocks, cut_vit, heal, load_split, truncate

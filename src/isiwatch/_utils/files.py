@@ -198,6 +198,18 @@ def finite_or_none(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
+def finite_json(value: object) -> object:
+    """``value`` with every non-finite float, at any depth of its dicts, lists and tuples, as None
+    (`finite_or_none` for a whole record)."""
+    if isinstance(value, float):
+        return finite_or_none(value)
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(item) for item in value]
+    return value
+
+
 def write_json(path: str | Path, data: object) -> Path:
     text = json.dumps(data, indent=2, allow_nan=False) + "\n"
     with atomic_write(path) as fh:

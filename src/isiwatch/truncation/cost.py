@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
+
+from ..measure.flops import count_flops
 
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def count_flops(fn: Callable[[], object]) -> int:
-    """FLOPs (multiply-add = 2) of everything ``fn`` runs, forward and backward, as counted by
-    ``FlopCounterMode`` (matmuls, convolutions and attention; element-wise ops are not counted)."""
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return int(counter.get_total_flops())
 
 
 @torch.no_grad()

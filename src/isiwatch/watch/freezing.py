@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from .._utils.state import checked, is_count
+from ..measure.flops import count_flops
 from ..taps import ViTParts, preserved_state
 from ..taps.parts import first_output
 
@@ -148,14 +148,15 @@ def step_flops(model: nn.Module, image: Tensor) -> int:
     """FLOPs (``torch.utils.flop_counter``) of one training step of ``model`` on ``image`` as its parameters'
     ``requires_grad`` stand now: the forward and the backward to every parameter that requires grad. Runs in eval
     mode, restores the model's modes and the RNG, and accumulates no gradient (``torch.autograd.grad``)."""
-    counter = FlopCounterMode(display=False)
-    with preserved_state(model), torch.enable_grad(), counter:
+    def step() -> None:
         model.eval()
         loss = _scalar(model(image))
         trainable = [p for p in model.parameters() if p.requires_grad]
         if loss.requires_grad and trainable:
             torch.autograd.grad(loss, trainable, allow_unused=True)
-    return int(counter.get_total_flops())
+
+    with preserved_state(model), torch.enable_grad():
+        return count_flops(step)
 
 
 def wrapper_problem(model: nn.Module, inner: nn.Module) -> str | None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import math
 import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..._utils.files import atomic_write
+from ..._utils.files import atomic_write, finite_json
 from ..alerts import Alert
 from ..sample import Sample
 from .base import Exporter, SampleContext
@@ -54,7 +53,7 @@ class JsonlExporter(Exporter):
     def _write(self, name: str, record: dict[str, Any]) -> None:
         """One line, written whole or not at all: after a failed write (a full disk) the file is closed and
         reopened by the next write, which starts on a new line."""
-        line = json.dumps(_finite(record), allow_nan=False) + "\n"
+        line = json.dumps(finite_json(record), allow_nan=False) + "\n"  # NaN/Inf as null, the documented form
         fh = self._file(name)
         try:
             fh.write(line)
@@ -110,18 +109,6 @@ def _superseded(line: bytes, run: str, step: int) -> bool:
         return False
     later = isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step
     return later and record.get("run") == run
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every non-finite float, at any depth, as None: JSON has no NaN or Infinity, and a diverged
-    loss or a probe on NaN features must not cost the record (``null`` is the documented form)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
 
 
 def _truncate_torn_line(path: Path) -> None:
