@@ -368,11 +368,10 @@ def report(run_dir: Path, out: Path | None) -> None:
 def deploy(folder: Path) -> None:
     """Write the Prometheus configuration and alert rules, the Grafana dashboard and the docker-compose file that
     runs both into FOLDER (new or empty); then: docker compose -f FOLDER/docker-compose.yml up -d."""
-    from .deploy import check_deploy_dir, write_deployment
+    from .deploy import write_deployment
 
     _check_paths(folders={"": folder})
-    check_deploy_dir(folder)
-    written = write_deployment(folder)
+    written = write_deployment(folder)  # refuses a folder that holds files before writing
     click.echo(f"wrote {len(written)} files to {folder}; start them with: docker compose -f "
                f"{folder / 'docker-compose.yml'} up -d")
 

@@ -33,7 +33,7 @@ def deployment_files() -> dict[str, bytes]:
     return {name: entry.read_bytes() for name, entry in _walk(DEPLOYMENT)}
 
 
-def check_deploy_dir(dest: Path) -> None:
+def _check_empty(dest: Path) -> None:
     """Refuse, before writing anything, a ``dest`` that holds files already: the deployment is written whole into
     a new or empty folder, never mixed with an older copy."""
     if dest.is_dir() and any(os.scandir(dest)):
@@ -43,7 +43,7 @@ def check_deploy_dir(dest: Path) -> None:
 def write_deployment(dest: str | Path) -> list[Path]:
     """Write the packaged deployment into ``dest`` (new or empty), all files at once; returns the files written."""
     dest = Path(dest)
-    check_deploy_dir(dest)
+    _check_empty(dest)
     contents = deployment_files()
     with atomic_files(dest) as stage:
         for name, data in contents.items():
