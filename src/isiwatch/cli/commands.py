@@ -300,11 +300,10 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
             std: tuple[float, ...] | None, device: str, workers: int) -> None:
     """Per-layer diagnostics of a trained ViT: a timm or isiwatch checkpoint file, or a Hugging Face save_pretrained
     directory."""
+    existing = _check_paths({"": checkpoint}, folders={"--out": out})  # before torch and timm load: seconds
     from ..measure.depth import recommend_depth
     from ..measure.tables import analysis_table, phases_line, recommendation_text
     from .offline import analyze_checkpoint
-
-    existing = _check_paths({"": checkpoint}, folders={"--out": out})
 
     result, paths = analyze_checkpoint(checkpoint, arch=arch, num_heads=num_heads, data=data, images=images, out=out,
                                        metric=metric, with_isi_recon=isi_recon, batch_size=batch_size,
@@ -481,14 +480,6 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
              dist_strategy: str, precision: str | None, batch_size: int, workers: int) -> None:
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
     fine-tuning its late blocks."""
-    from .._utils.option_error import OptionError
-    from ..io.timm_data import TimmDataset
-    from ..truncation.data_split import Data
-    from ..truncation.explain import story_lines
-    from ..truncation.journal import journal_path
-    from ..truncation.truncate import candidates_table, report_table, truncate
-    from ..truncation.truncate_report import verdict_line
-
     ctx = click.get_current_context()
     search_only = ("max_drop", "confidence", "budget", "screen_steps", "resume")
     typed = any(ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE for n in search_only)
@@ -500,11 +491,19 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
               if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
     if splits and dataset is None:
         raise click.UsageError("--train-split and --val-split name the splits of a --dataset")
-    heal_data: Data = data if dataset is None else TimmDataset(dataset, data, train_split)
-    evaluation: Data | None = eval_data if dataset is None else TimmDataset(dataset, eval_data or data, val_split)
     hugging_face = checkpoint.is_dir()  # a save_pretrained directory: --out is a new directory
     existing = _check_paths({"": checkpoint}, files={"--report": report, **({} if hugging_face else {"--out": out})},
-                            folders={"--out": out} if hugging_face else {})
+                            folders={"--out": out} if hugging_face else {})  # before torch and timm load: seconds
+    from .._utils.option_error import OptionError
+    from ..io.timm_data import TimmDataset
+    from ..truncation.data_split import Data
+    from ..truncation.explain import story_lines
+    from ..truncation.journal import journal_path
+    from ..truncation.truncate import candidates_table, report_table, truncate
+    from ..truncation.truncate_report import verdict_line
+
+    heal_data: Data = data if dataset is None else TimmDataset(dataset, data, train_split)
+    evaluation: Data | None = eval_data if dataset is None else TimmDataset(dataset, eval_data or data, val_split)
     try:
         result = truncate(checkpoint, out, analysis=analysis, data=heal_data, eval_data=evaluation, strategy=strategy,
                           keep=keep, max_drop=max_drop, confidence=confidence, budget=budget, train_last=train_last,
