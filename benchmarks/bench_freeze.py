@@ -29,10 +29,17 @@ steps: ``full``; Lightning's ``EarlyStopping`` on validation loss (the 500 ``val
 ``interval`` steps, patience 3); isiwatch's ``stop_on_plateau`` (``ISIWatchCallback``, a sample every ``interval``
 steps, 256 training digits with labels). Accuracy is on the 500 ``test`` digits, which neither rule sees.
 
+*A constant learning rate* (``--schedule constant``, fine-tuning only). Under the cosine schedule a block's change
+between samples shrinks with the step size, so nothing settles before the schedule ends. The second run asks
+whether the signal finds settled blocks when the step size does not decay: the same arms, data, steps and Watch
+defaults, with every arm's learning rate held at 1e-3 (FreezeOut keeps its own per-block annealing, the head the
+constant rate). Its configuration was fixed before it ran; nothing in it was tuned to its outcome.
+
 FLOPs and accuracy are deterministic (given torch's CPU kernels); wall times depend on the machine and its load,
 which the JSON records per run. For final wall times run it alone on an idle machine:
 
     python benchmarks/bench_freeze.py                     # the committed run: results/freeze/freeze.json + .png
+    python benchmarks/bench_freeze.py --schedule constant # results/freeze/freeze_constant.json + .png
     python benchmarks/bench_freeze.py --quick --out /tmp/freeze.json    # a small configuration, for a test
 
 Finished runs are appended to ``--work``/items.jsonl (a rerun with the same configuration skips them);
@@ -95,6 +102,7 @@ class Config:
     finetune_lr: float = 1e-3
     weight_decay: float = 0.05
     freezeout_t0: float = 0.5
+    schedule: str = "cosine"  # the fine-tuning learning rate: "cosine" to 0, or "constant" (see --schedule)
 
     def key(self) -> str:
         return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]
@@ -124,7 +132,7 @@ def batches(task: Task, cfg: Config, seed: int) -> list[tuple[Tensor, Tensor]]:
 
 def pretrained(cfg: Config, work: Path) -> dict[str, Tensor]:
     """The digits ViT pre-trained on ``digits`` (seed 0), cached in ``work``."""
-    path = work / f"pretrained_{cfg.key()}.pt"
+    path = work / f"pretrained_{dataclasses.replace(cfg, schedule='cosine').key()}.pt"  # whatever fine-tuning's
     if path.exists():
         return torch.load(path, weights_only=True)
     task = limited(load_task("digits"), cfg)
@@ -180,6 +188,10 @@ def cosine(progress: float) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
+SCHEDULES: dict[str, Callable[[float], float]] = {"cosine": cosine, "constant": lambda progress: 1.0}
+SCHEDULE_TEXT = {"cosine": "cosine to 0", "constant": "constant"}
+
+
 # -- the fine-tuning arms ----------------------------------------------------------------------------------------
 class Arm:
     """What an arm does around the shared loop: its frozen prefix, its parameter groups' learning rates and its
@@ -194,7 +206,7 @@ class Arm:
         return [list(self.model.parameters())]
 
     def lr_factor(self, group: int, step: int) -> float:
-        return cosine(step / self.steps)
+        return SCHEDULES[self.cfg.schedule](step / self.steps)
 
     def freeze_to(self, blocks: int) -> None:
         if blocks > self.frozen:
@@ -223,7 +235,8 @@ class Static(Arm):
 
 
 class FreezeOut(Arm):
-    """Block i's learning rate anneals to 0 at t_i of training, then it is frozen; the head keeps the cosine."""
+    """Block i's learning rate anneals (cosine) to 0 at t_i of training, then it is frozen; the head keeps the
+    run's schedule."""
 
     def __init__(self, model: nn.Module, steps: int, interval: int, cfg: Config):
         super().__init__(model, steps, interval, cfg)
@@ -238,6 +251,8 @@ class FreezeOut(Arm):
         return groups + [[p for m in modules_after_blocks(self.model) for p in m.parameters()]]
 
     def lr_factor(self, group: int, step: int) -> float:
+        if group == self.depth:
+            return super().lr_factor(group, step)
         return cosine(step / (self.t[group] * self.steps))
 
     def before_step(self, step: int) -> None:
@@ -515,9 +530,10 @@ def tables(data: dict) -> list[str]:
     """The markdown tables of a result (the script prints them; ``report.py`` renders RESULTS.md with them)."""
     ft, sc = data["finetune"], data["scratch"]
     runs = data["finetune_runs"]
-    lines = ["Fine-tuning (pre-trained on `digits`, fine-tuned on `max_pair`): held-out accuracy (%, mean ± 95 % "
-             "interval over seeds), its paired difference to full fine-tuning (points), training FLOPs (the Watch's "
-             "probe passes included) and wall time as full / arm ratios (paired per seed).", "",
+    lines = [f"Fine-tuning (pre-trained on `digits`, fine-tuned on `max_pair`, learning rate "
+             f"{SCHEDULE_TEXT[data['config']['schedule']]}): held-out accuracy (%, mean ± 95 % interval over seeds), "
+             "its paired difference to full fine-tuning (points), training FLOPs (the Watch's probe passes included) "
+             "and wall time as full / arm ratios (paired per seed).", "",
              "| arm | accuracy | vs full (points) | FLOPs | FLOPs: full / arm | wall time: full / arm "
              "| frozen blocks at end |",
              "|---|---|---|---|---|---|---|"]
@@ -541,6 +557,8 @@ def tables(data: dict) -> list[str]:
     if freezes:
         lines.append(f"- isiwatch's freezes (blocks frozen, step; of {runs[0]['steps']} steps): {'; '.join(freezes)}.")
     lines += signal_lines([r for r in runs if r["arm"] == "isiwatch" and r.get("changes")])
+    if not sc:
+        return lines
     lines += ["", "From scratch on `digits` (Lightning): test accuracy (%), paired difference to full training, "
               "steps taken, FLOPs (validation passes and the Watch's probe passes included) and wall time as "
               "full / arm ratios.", "",
@@ -587,7 +605,8 @@ def figure(data: dict, path: Path) -> None:
     ax.axhline(-100 * GOAL_POINTS, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("training FLOPs saved: full / arm (×)")
     ax.set_ylabel("held-out accuracy vs full fine-tuning (points)")
-    ax.set_title("Fine-tuning digits → max_pair, 12-block ViT", fontsize=10)
+    ax.set_title(f"Fine-tuning digits → max_pair, 12-block ViT, learning rate "
+                 f"{SCHEDULE_TEXT[data['config']['schedule']]}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -601,16 +620,22 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", choices=sorted(set(FINETUNE_ARMS + SCRATCH_ARMS)),
                         help="run only these arms (full always runs: the others are paired with it)")
     parser.add_argument("--skip-scratch", action="store_true", help="only the fine-tuning part")
+    parser.add_argument("--schedule", choices=sorted(SCHEDULES), default="cosine",
+                        help="the fine-tuning learning rate: cosine to 0 (the committed run) or constant (writes "
+                             "freeze_constant.json; fine-tuning only, the from-scratch part does not use it)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/isiwatch-bench-freeze"))
     parser.add_argument("--fresh", action="store_true", help="forget the finished runs in --work")
     parser.add_argument("--summarize-only", action="store_true",
                         help="rebuild the JSON, tables and figure from the finished runs in --work (trains nothing)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "freeze.json")
+    parser.add_argument("--out", type=Path, help="the JSON to write (default: results/freeze/freeze.json, "
+                                                 "freeze_constant.json with --schedule constant)")
     add_threads_argument(parser)
     args = parser.parse_args()
-    if args.quick and args.out == RESULTS / "freeze.json":
+    if args.quick and args.out is None:
         parser.error("--quick writes elsewhere: give --out (the committed JSON holds the full run)")
-    cfg = QUICK if args.quick else Config()
+    args.out = args.out or RESULTS / ("freeze.json" if args.schedule == "cosine" else f"freeze_{args.schedule}.json")
+    args.skip_scratch |= args.schedule != "cosine"
+    cfg = dataclasses.replace(QUICK if args.quick else Config(), schedule=args.schedule)
     if args.seeds:
         cfg = dataclasses.replace(cfg, seeds=tuple(args.seeds))
     threads = set_torch_threads(args.threads)

@@ -492,15 +492,24 @@ def contention(data: dict) -> list[str]:
             ""]
 
 
-@needs("freeze/freeze.json", "Acting during training: freeze settled blocks, stop early (`benchmarks/bench_freeze.py`)",
-       "python benchmarks/bench_freeze.py --threads 1")
-def freeze(data: dict) -> list[str]:
-    runs = data["finetune_runs"] + data["scratch_runs"]
-    loads = [r[k] for r in runs for k in ("load_start", "load_end")]
-    return ["## Acting during training: freeze settled blocks, stop early (`benchmarks/bench_freeze.py`)", "",
-            f"Command: `{data['command']}`. Machine: {describe(data.get('machine'))}; the 1-minute load during the "
-            f"runs was {span(loads, '{:.2f}')} (FLOPs and accuracy do not depend on it, wall times do).", "",
-            *bench_freeze.tables(data), ""]
+def freeze_section(title: str) -> Callable[[dict], list[str]]:
+    """A section with ``title`` rendering a ``bench_freeze.py`` JSON: its command, machine and load, its tables."""
+    def render_json(data: dict) -> list[str]:
+        runs = data["finetune_runs"] + data["scratch_runs"]
+        loads = [r[k] for r in runs for k in ("load_start", "load_end")]
+        return [f"## {title}", "",
+                f"Command: `{data['command']}`. Machine: {describe(data.get('machine'))}; the 1-minute load during "
+                f"the runs was {span(loads, '{:.2f}')} (FLOPs and accuracy do not depend on it, wall times do).", "",
+                *bench_freeze.tables(data), ""]
+    return render_json
+
+
+FREEZE = "Acting during training: freeze settled blocks, stop early (`benchmarks/bench_freeze.py`)"
+FREEZE_CONSTANT = "Freezing at a constant learning rate (`benchmarks/bench_freeze.py --schedule constant`)"
+freeze = needs("freeze/freeze.json", FREEZE, "python benchmarks/bench_freeze.py --threads 1")(freeze_section(FREEZE))
+freeze_constant = needs("freeze/freeze_constant.json", FREEZE_CONSTANT,
+                        "python benchmarks/bench_freeze.py --schedule constant --threads 1")(
+    freeze_section(FREEZE_CONSTANT))
 
 
 SECTIONS: list[Callable[[Path], list[str]]] = [
@@ -525,6 +534,7 @@ SECTIONS: list[Callable[[Path], list[str]]] = [
              "benchmarks/results/gpu/gpu_check.json"),
     truncate_fixed,
     freeze,
+    freeze_constant,
     rendered("Specialize evaluation", "bench_specialize.py", "specialize/specialize.json",
              "python benchmarks/bench_specialize.py --seeds 3 --epochs 4 --depth 4"),
 ]
