@@ -36,3 +36,28 @@ def test_quick_run_writes_every_arm(tmp_path):
     (results / "freeze" / "freeze.json").write_text(out.read_text())
     text = "\n".join(report.freeze(results))
     assert "| isiwatch |" in text and "| stop_on_plateau |" in text and "Goal" in text
+
+
+@pytest.mark.slow
+def test_constant_schedule_keeps_the_learning_rate_and_skips_the_scratch_part(tmp_path):
+    def run(schedule):
+        out = tmp_path / f"{schedule}.json"
+        subprocess.run([sys.executable, str(BENCHMARKS / "bench_freeze.py"), "--quick", "--threads", "1", "--arms",
+                        "full", "--skip-scratch", "--schedule", schedule, "--out", str(out), "--work",
+                        str(tmp_path / "work")], check=True, capture_output=True)
+        return json.loads(out.read_text())
+
+    cosine, constant = run("cosine"), run("constant")
+    assert constant["config"]["schedule"] == "constant" and constant["scratch_runs"] == []
+    # the same pre-trained model, batches and steps; only the step size differs, so the weights end elsewhere
+    assert constant["finetune_runs"][0]["steps"] == cosine["finetune_runs"][0]["steps"]
+    assert constant["finetune_runs"][0]["loss"] != cosine["finetune_runs"][0]["loss"]
+    assert "learning rate constant" in constant["markdown"][0] and "From scratch" not in "\n".join(
+        constant["markdown"])
+
+    sys.path.insert(0, str(BENCHMARKS))
+    import report
+
+    (tmp_path / "results" / "freeze").mkdir(parents=True)
+    (tmp_path / "results" / "freeze" / "freeze_constant.json").write_text(json.dumps(constant))
+    assert report.FREEZE_CONSTANT in "\n".join(report.freeze_constant(tmp_path / "results"))
