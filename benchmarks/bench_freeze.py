@@ -104,9 +104,14 @@ class Config:
     freezeout_t0: float = 0.5
     schedule: str = "cosine"  # the fine-tuning learning rate: "cosine" to 0, or "constant" (see --schedule)
 
-    def key(self) -> str:
-        return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+    def key(self, fields: tuple[str, ...] | None = None) -> str:
+        """A hash of the configuration, or of only ``fields``."""
+        values = {k: v for k, v in dataclasses.asdict(self).items() if fields is None or k in fields}
+        return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:10]
 
+
+#: What pre-training reads: runs that differ only in fine-tuning share one pre-trained model.
+PRETRAINING = ("depth", "batch", "pretrain_epochs", "train_limit", "held_out_limit", "pretrain_lr")
 
 QUICK = Config(seeds=(0,), depth=4, batch=32, pretrain_epochs=1, finetune_epochs=2, scratch_epochs=2,
                train_limit=256, held_out_limit=128, probe_images=64, checks_per_run=8)
@@ -132,7 +137,7 @@ def batches(task: Task, cfg: Config, seed: int) -> list[tuple[Tensor, Tensor]]:
 
 def pretrained(cfg: Config, work: Path) -> dict[str, Tensor]:
     """The digits ViT pre-trained on ``digits`` (seed 0), cached in ``work``."""
-    path = work / f"pretrained_{dataclasses.replace(cfg, schedule='cosine').key()}.pt"  # whatever fine-tuning's
+    path = work / f"pretrained_{cfg.key(PRETRAINING)}.pt"
     if path.exists():
         return torch.load(path, weights_only=True)
     task = limited(load_task("digits"), cfg)
