@@ -124,6 +124,7 @@ def test_a_resume_drops_what_the_crashed_run_logged_after_the_checkpoint(digits,
         crashed.step(step, float("nan") if step <= 4 else 1.0)
         if step == 4:
             checkpoint = saved_and_loaded(crashed, tmp_path / "ckpt.pt")
+    crashed.close(final_sample=False)  # the process dies: its files close and the folder's lock goes with it
     with open(tmp_path / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 8, "run": "r", "lay')  # killed while writing
     assert [r["step"] for r in logged(tmp_path / "alerts.jsonl")] == [2, 6]  # opened at 2, cleared at 6
@@ -146,18 +147,15 @@ def test_a_resume_drops_what_the_crashed_run_logged_after_the_checkpoint(digits,
 def test_a_resume_leaves_other_runs_and_records_up_to_the_checkpoint_alone(digits, tmp_path):  # noqa: F811
     _, _, px, py = digits
     model = tiny_vit()
-    other = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="other", heatmap_every=1000)
-    first = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="r", heatmap_every=1000)
-    for step in (1, 2, 3):
-        first.step(step, 1.0)
-        other.step(step, 1.0)
-    state = first.state_dict()  # at step 3: nothing after it
-    first.close()
-    other.close()
+    for name in ("other", "r"):  # one run after the other in one folder
+        with Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name=name, heatmap_every=1000) as first:
+            for step in (1, 2, 3):
+                first.step(step, 1.0)
+            state = first.state_dict()  # at step 3: nothing after it
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)
     resumed = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, heatmap_every=1000)
     resumed.load_state_dict({**state, "step": 1})  # as if the checkpoint had been taken at step 1
-    assert (tmp_path / "metrics.jsonl").read_text() == "".join(lines[i] for i in (0, 1, 3, 5))  # r 1, other 1-3
+    assert (tmp_path / "metrics.jsonl").read_text() == "".join(lines[:4])  # other 1-3, r 1
     inode = (tmp_path / "metrics.jsonl").stat().st_ino
     resumed.load_state_dict({**state, "step": 1})  # nothing more to drop: the file is not rewritten
     assert (tmp_path / "metrics.jsonl").stat().st_ino == inode

@@ -208,7 +208,8 @@ class Watch:
         if self.rank == 0:
             reserve_std_fds()  # before any exporter opens a file or a socket
             if opts.log_dir:
-                self.exporters += [JsonlExporter(opts.log_dir), TensorBoardExporter(opts.log_dir, opts.heatmap_every)]
+                self.exporters += [JsonlExporter(opts.log_dir, self.run),  # refused if another Watch writes there
+                                   TensorBoardExporter(opts.log_dir, opts.heatmap_every)]
             if registry is not None or opts.prometheus_port is not None or opts.pushgateway or opts.textfile:
                 self._prometheus = PrometheusExporter(self.run, registry, opts.prometheus_port,
                                                       opts.prometheus_host, opts.pushgateway, opts.textfile)

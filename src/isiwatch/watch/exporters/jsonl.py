@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from ..._utils.files import atomic_write, finite_json
 from ..alerts import Alert
+from ..log_folder import LogFolderLock
 from ..sample import Sample
 from .base import Exporter, SampleContext
 
@@ -22,15 +23,25 @@ class JsonlExporter(Exporter):
     is strict JSON: a NaN or infinite number is written as ``null``. A resume drops the lines the crashed run wrote
     after the checkpoint, so each step of a run has one record (see ``resume``).
 
+    One writer per folder: the exporter holds the folder's lock (`LogFolderLock`) from construction to ``close``.
+
     Args:
         log_dir: The folder of ``metrics.jsonl`` and ``alerts.jsonl`` (created if missing, by
             [`open`][isiwatch.Exporter.open] or the first write; existing files are appended to,
             so a resumed run continues them).
+        run: The run's name, recorded in the lock for the refusal another writer gets.
+
+    Raises:
+        FolderInUse: Another Watch (or exporter) writes ``log_dir``.
     """
 
-    def __init__(self, log_dir: str | Path):
+    def __init__(self, log_dir: str | Path, run: str = ""):
         self.dir = Path(log_dir)
         self._files: dict[str, TextIO] = {}
+        self._lock = LogFolderLock(self.dir, run)
+        #: Resumes whose rewrite has not succeeded yet, by file: (run, step, bytes of the file the rewrite filters;
+        #: what was appended after the resume is the resumed run's and is kept as it is).
+        self._pending: dict[str, tuple[str, int, int]] = {}
 
     def open(self) -> None:
         for name in ("metrics.jsonl", "alerts.jsonl"):
@@ -52,8 +63,16 @@ class JsonlExporter(Exporter):
 
     def _write(self, name: str, record: dict[str, Any]) -> None:
         """One line, written whole or not at all: after a failed write (a full disk) the file is closed and
-        reopened by the next write, which starts on a new line."""
+        reopened by the next write, which starts on a new line. A resume's rewrite that failed is retried first;
+        while it keeps failing the line is still appended and the failure raised, so the episode stays open until
+        the log is true again."""
         line = json.dumps(finite_json(record), allow_nan=False) + "\n"  # NaN/Inf as null, the documented form
+        pending: OSError | None = None
+        if name in self._pending:
+            try:
+                self._rewrite(name)
+            except OSError as exc:
+                pending = exc
         fh = self._file(name)
         try:
             fh.write(line)
@@ -66,28 +85,64 @@ class JsonlExporter(Exporter):
                 pass
             _truncate_torn_line(self.dir / name)
             raise
+        if pending is not None:
+            raise pending
 
     def write_sample(self, sample: Sample, context: SampleContext) -> None:
         self._write("metrics.jsonl", sample.to_dict(context.run))
 
     def resume(self, run: str, step: int) -> None:
         """Rewrite both files without ``run``'s records past ``step`` and without a cut-off last line (a run killed
-        while writing it); a file with nothing to drop is left as it is."""
+        while writing it); a file with nothing to drop is left as it is. A rewrite that fails (a full disk) stays
+        pending: each later write of that file retries it, and fails until it succeeds."""
         for name in ("metrics.jsonl", "alerts.jsonl"):
             fh = self._files.pop(name, None)  # reopened by the next write: the rewrite replaces the file
             if fh is not None:
                 fh.close()
             path = self.dir / name
             try:
-                with open(path, "rb") as lines:
-                    dropped = sum(_superseded(line, run, step) for line in lines)
+                size = path.stat().st_size
             except FileNotFoundError:
                 continue
-            if dropped:
-                with open(path, "rb") as lines, atomic_write(path) as out:
-                    out.writelines(line for line in lines if not _superseded(line, run, step))
-                logger.info("isiwatch: run %s resumes after step %d: dropped %d line%s of %s that the run wrote "
-                            "after it", run, step, dropped, "s" * (dropped != 1), path)
+            self._pending[name] = (run, step, size)
+        failures = []
+        for name in list(self._pending):
+            try:
+                self._rewrite(name)
+            except OSError as exc:
+                _truncate_torn_line(self.dir / name)  # so the next append starts a line of its own
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+    def _rewrite(self, name: str) -> None:
+        """Carry out the pending resume of ``name``: drop the superseded lines among the bytes it covers, keep the
+        rest and whatever was appended since."""
+        run, step, size = self._pending[name]
+        path = self.dir / name
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(size)
+                tail = fh.read()
+        except FileNotFoundError:  # deleted since: nothing left to drop
+            self._pending.pop(name)
+            return
+        lines = head.splitlines(keepends=True)
+        kept = [line for line in lines if not _superseded(line, run, step)]
+        dropped = len(lines) - len(kept)
+        if dropped:
+            stale = self._files.pop(name, None)  # appended to since the resume: the rewrite replaces that file
+            if stale is not None:
+                stale.close()
+            with atomic_write(path) as out:
+                out.writelines(kept)
+                out.write(tail)
+            logger.info("isiwatch: run %s resumes after step %d: dropped %d line%s of %s that the run wrote "
+                        "after it", run, step, dropped, "s" * (dropped != 1), path)
+        self._pending.pop(name)
+
+    def rename(self, run: str) -> None:
+        self._lock.rename(run)
 
     def write_alert(self, alert: Alert) -> None:
         self._write("alerts.jsonl", alert.to_dict())
@@ -96,6 +151,7 @@ class JsonlExporter(Exporter):
         files, self._files = self._files, {}
         for fh in files.values():
             fh.close()
+        self._lock.release()
 
 
 def _superseded(line: bytes, run: str, step: int) -> bool:

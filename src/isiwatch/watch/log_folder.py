@@ -1,0 +1,122 @@
+"""One writer per log folder: the Watch writing a ``log_dir`` holds an advisory lock on a file in it.
+
+Two Watches appending to one ``metrics.jsonl`` would interleave two runs, and a resume's rewrite would replace the
+file under the other one's open handle, losing its records. So the first Watch on a folder takes an exclusive
+``flock`` on ``.isiwatch.lock`` there (it records the run's name, process id and host) and a second one, in this
+process or another, is refused in one line naming it. The operating system drops the lock with the process, so a
+crashed run's folder is free for its resume. Locks are advisory and local: a folder shared over NFS between hosts may
+not be protected (``flock`` there depends on the mount).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; the folder is not locked there
+    fcntl = None  # type: ignore[assignment]
+
+from .._utils.files import shown_path
+
+#: The lock file's name in ``log_dir``.
+LOCK_NAME = ".isiwatch.lock"
+
+
+class FolderInUse(ValueError):
+    """Another Watch (this process's or another's) writes this log folder."""
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its record says: ``run 'demo' (pid 4242 on host)``, or ``another Watch``."""
+    try:
+        record = json.loads(os.pread(fd, 4096, 0))
+        return f"run {record['run']!r} (pid {int(record['pid'])} on {record['host']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another Watch"
+
+
+class LogFolderLock:
+    """The lock of one log folder, taken on construction and held until ``release``.
+
+    A folder that cannot be created or written now (a full or read-only disk) is not locked: writing there fails
+    anyway, and the exporters report that themselves.
+
+    Args:
+        folder: The log folder (created if missing).
+        run: The run's name, recorded for the refusal another Watch gets.
+
+    Raises:
+        FolderInUse: Another Watch holds the folder; the message names its run, process and host.
+    """
+
+    def __init__(self, folder: str | Path, run: str):
+        self.path = Path(folder) / LOCK_NAME
+        self._fd: int | None = None
+        if fcntl is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise FolderInUse(f"log_dir {shown_path(self.path.parent)} is in use by {holder}: one Watch writes a "
+                              "log folder; give this run its own log_dir (or close the other Watch first)") from None
+        except OSError:  # a file system without flock
+            os.close(fd)
+            return
+        self._fd = fd
+        self.rename(run)
+
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the folder's lock."""
+        return self._fd is not None
+
+    def rename(self, run: str) -> None:
+        """Record ``run`` as the holder (a resumed run takes its saved name); a full disk leaves the old record."""
+        if self._fd is None:
+            return
+        record = json.dumps({"run": run, "pid": os.getpid(), "host": socket.gethostname()}).encode()
+        try:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, record, 0)
+        except OSError:
+            pass
+
+    def release(self) -> None:
+        """Let another Watch write the folder (closing the descriptor drops the lock). A second call does nothing."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:  # a Watch whose construction failed later on frees its folder with its exporters
+        self.release()
+
+
+def holder(folder: str | Path) -> str | None:
+    """Who writes ``folder`` now (``run 'demo' (pid 4242 on host)``), or None when no Watch holds it."""
+    path = Path(folder) / LOCK_NAME
+    if fcntl is None or not path.is_file():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return _holder(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
