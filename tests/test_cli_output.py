@@ -71,21 +71,31 @@ def test_an_output_that_replaces_an_existing_file_says_so(checkpoint, tmp_path, 
                                                  "wrote a/curves.png"]
 
 
-def test_the_demo_replaces_an_earlier_run_and_starts_its_watch_log_anew(tmp_path):
-    """A second demo into the same run folder says so and removes the earlier Watch log first: the JSON lines
-    files would be appended to and TensorBoard would show both runs' event files as one run."""
+def test_the_demo_removes_an_earlier_demo_run_and_refuses_a_folder_in_use(tmp_path):
+    """A second demo into the same run folder says so and removes every file the earlier demo wrote first (an
+    interrupted re-run would otherwise leave its partial log beside the earlier model, truncation and report), and
+    leaves the user's own files; a folder a Watch writes now is refused in one line."""
     from isiwatch.cli.demo import _start_afresh
+    from isiwatch.watch.log_folder import LogFolderLock
 
     lines: list[str] = []
     _start_afresh(tmp_path / "new", lines.append)
     _start_afresh(tmp_path, lines.append)  # empty
     assert lines == []
-    for name in ("metrics.jsonl", "alerts.jsonl", "events.out.tfevents.1.host.2.0", "model.pt", "notes.txt"):
+    for name in ("metrics.jsonl", "alerts.jsonl", "events.out.tfevents.1.host.2.0", "model.pt", "analysis.json",
+                 "truncated.pt", "truncate_report.json", "notes.txt"):
         (tmp_path / name).write_text("earlier run")
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "report.html").write_text("earlier run")
     _start_afresh(tmp_path, lines.append)
-    assert lines == [f"replacing the earlier run in {tmp_path}/: files of the same names are replaced, and the "
-                     "Watch's log (metrics.jsonl, alerts.jsonl, TensorBoard events) starts anew"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "notes.txt"]
+    assert len(lines) == 1 and lines[0].startswith(f"removing the earlier demo run's files in {tmp_path}/ (")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    lock = LogFolderLock(tmp_path, "training")
+    (tmp_path / "metrics.jsonl").write_text("the other run's")
+    with pytest.raises(ValueError, match=r"is in use by run 'training' \(pid \d+ on .*\): pass --out"):
+        _start_afresh(tmp_path, lines.append)
+    assert (tmp_path / "metrics.jsonl").read_text() == "the other run's"
+    lock.release()
 
 
 def test_a_missing_package_is_named_with_what_to_install_not_an_internal_error(checkpoint, tmp_path, monkeypatch):

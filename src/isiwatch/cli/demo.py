@@ -11,6 +11,7 @@ says in one sentence how that cut and the recommended depth relate (`story_lines
 
 from __future__ import annotations
 
+import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ from ..truncation.strategies import DEFAULT_CONFIDENCE
 from ..truncation.truncate import candidates_table, report_table, truncate
 from ..truncation.truncate_report import verdict_line
 from ..watch.config import load_yaml
+from ..watch.log_folder import holder
 from ..watch.monitor import Watch
 from .offline import analysis_record, write_analysis
 from .report import write_report
@@ -57,20 +59,27 @@ def _serve(exporter: PrometheusExporter, seconds: float, echo: Callable[[str], N
         exporter.close()
 
 
-#: The Watch's log in a run directory: the JSON lines files are appended to and TensorBoard adds an event file, so
-#: an earlier run's log would mix with the new one's (in the report, in TensorBoard) unless removed first.
-WATCH_LOG = ("metrics.jsonl", "alerts.jsonl", "events.out.tfevents.*")
+#: Everything a demo writes in its run directory: a re-run removes an earlier demo's files before it starts, so an
+#: interrupted run leaves its own partial files and never a mix of two runs (the Watch's log is appended to, and a
+#: truncation or report of the earlier model would sit beside the new log). Other files are left alone.
+DEMO_FILES = ("metrics.jsonl", "alerts.jsonl", "events.out.tfevents.*", "model.pt", "analysis.json", "curves.png",
+              "truncated.pt", "truncated.pt.search.jsonl", "truncate_report.json", "report")
 
 
 def _start_afresh(out: Path, echo: Callable[[str], None]) -> None:
-    """Say so when ``out`` holds files (an earlier run's: the new ones replace them), and remove the Watch log
-    (``WATCH_LOG``) they include, so the new run's log starts anew."""
-    if not out.is_dir() or next(out.iterdir(), None) is None:
+    """Refuse ``out`` while a Watch writes it (another demo or training run), then remove the files an earlier demo
+    wrote there (`DEMO_FILES`), saying so."""
+    if (other := holder(out)) is not None:
+        raise ValueError(f"{out}/ is in use by {other}: pass --out for another folder")
+    earlier = sorted({p for pattern in DEMO_FILES for p in out.glob(pattern)}) if out.is_dir() else []
+    if not earlier:
         return
-    echo(f"replacing the earlier run in {out}/: files of the same names are replaced, and the Watch's log "
-         "(metrics.jsonl, alerts.jsonl, TensorBoard events) starts anew")
-    for path in sorted({p for pattern in WATCH_LOG for p in out.glob(pattern) if p.is_file()}):
-        path.unlink()
+    echo(f"removing the earlier demo run's files in {out}/ ({', '.join(p.name for p in earlier)}) before this run")
+    for path in earlier:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def _port_free(port: int) -> bool:
@@ -162,6 +171,7 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
                          f"--prometheus-port P for another port (0: any free one)")
     settings = QUICK if quick else FULL
     out = Path(out)
+    _start_afresh(out, echo)  # before any work: a folder in use is refused, an earlier demo's files go
     clock = PhaseClock()
     with clock.phase("data"):
         images, labels = embedded_digits()
@@ -171,7 +181,6 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
     model.to(device)
     options = {"every_n_steps": settings.every_n_steps, "log_dir": str(out), "run_name": "demo",
                "prometheus_port": prometheus_port, **(load_yaml(config).watch if config else {})}
-    _start_afresh(out, echo)
 
     def print_alert(alert: Alert) -> None:
         tqdm.write(f"  [{alert.severity}] step {alert.step}: {alert.kind}: {alert.message}")

@@ -14,11 +14,12 @@ import math
 import statistics
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .._utils.files import atomic_files, atomic_write
+from ..io.checkpoint import sha256_of
 from ..measure.analysis import Analysis
 from ..measure.metric_table import HEATMAP_METRICS, METRIC_TABLE
 from ..measure.phases import plateau_name
@@ -39,6 +40,9 @@ class RunRecords:
     analysis: Analysis | None
     truncation: dict[str, Any] | None
     recommendation: dict[str, Any] | None = None  # analysis.json's depth recommendation (absent in older files)
+    #: What does not belong together in the folder (several runs, a step logged twice, another run's truncation),
+    #: one line each: the terminal warns with them and the page shows them above its summary.
+    mixed: list[str] = field(default_factory=list)
 
 
 Warn = Callable[[str], None]
@@ -50,19 +54,26 @@ def _python_warning(message: str) -> None:
 
 
 def _jsonl(path: Path, warn: Warn) -> list[tuple[int, object]]:
-    """(line number, record) of every line. A cut-off last line, what a run killed while writing leaves, is
-    skipped with a warning; a malformed line before it is an error."""
+    """(line number, record) of every line. A cut-off last line (no line break after it), what a run killed while
+    writing leaves, is skipped with a warning; any other malformed line is an error that says what is wrong."""
     if not path.exists():
         return []
-    lines = [(number, line) for number, line in enumerate(path.read_bytes().split(b"\n"), 1) if line.strip()]
+    data = path.read_bytes()
+    lines = [(number, line) for number, line in enumerate(data.split(b"\n"), 1) if line.strip()]
     records = []
     for number, line in lines:
         try:
             records.append((number, json.loads(line)))
-        except ValueError:  # JSONDecodeError, or UnicodeDecodeError from a multi-byte character cut in two
-            if number != lines[-1][0]:
+        except UnicodeDecodeError as exc:  # a complete line: a multi-byte character cut in two ends a torn one
+            if number == lines[-1][0] and not data.endswith(b"\n"):
+                warn(f"{path}:{number}: skipped the cut-off last line (the run stopped while writing it)")
+            else:
+                raise ValueError(f"{path}:{number}: not UTF-8 (byte {exc.start + 1} of the line)") from None
+        except ValueError:
+            if number == lines[-1][0] and not data.endswith(b"\n"):
+                warn(f"{path}:{number}: skipped the cut-off last line (the run stopped while writing it)")
+            else:
                 raise ValueError(f"{path}:{number}: not a JSON line") from None
-            warn(f"{path}:{number}: skipped the cut-off last line (the run stopped while writing it)")
     return records
 
 
@@ -151,7 +162,46 @@ def read_run(run_dir: str | Path, warn: Warn | None = None) -> RunRecords:
     analysis, recommendation = (_json_file(run_dir / "analysis.json", "an isiwatch analysis", _analysis)
                                 or (None, None))
     truncation = _json_file(run_dir / "truncate_report.json", "an isiwatch truncation report", _truncation)
-    return RunRecords(run_dir, samples, alerts, analysis, truncation, recommendation)
+    mixed = [*_mixed_runs(run_dir / "metrics.jsonl", samples),
+             *_foreign_truncation(run_dir, analysis, truncation)]
+    for line in mixed:
+        warn(line)
+    return RunRecords(run_dir, samples, alerts, analysis, truncation, recommendation, mixed)
+
+
+def _mixed_runs(path: Path, samples: list[dict[str, Any]]) -> list[str]:
+    """Lines on several runs in one log, and on steps a run logged more than once (two Watches that shared the
+    folder, or a resume whose stale records stayed)."""
+    steps: dict[str, list[int]] = {}
+    for sample in samples:
+        steps.setdefault(str(sample.get("run", "")), []).append(sample["step"])
+    lines = []
+    if len(steps) > 1:
+        lines.append(f"{path} holds {len(steps)} runs ({', '.join(map(repr, steps))}): the report shows them "
+                     "together; give each run its own log_dir")
+    for run, logged in steps.items():
+        twice = sorted({step for step in logged if logged.count(step) > 1})
+        if twice:
+            shown = ", ".join(map(str, twice[:5])) + (", ..." if len(twice) > 5 else "")
+            lines.append(f"{path}: run {run!r} logged step{'s' * (len(twice) > 1)} {shown} more than once")
+    return lines
+
+
+def _foreign_truncation(run_dir: Path, analysis: Analysis | None, truncation: dict[str, Any] | None) -> list[str]:
+    """A line when ``truncate_report.json`` cut another model than this run's: its source's sha256 differs from the
+    analysed checkpoint's, or from the checkpoint file it names when that file is in the folder."""
+    if not truncation:
+        return []
+    source = truncation.get("source", {})
+    analysed = analysis.model_info.get("sha256") if analysis is not None else None
+    named = Path(str(source.get("checkpoint", "")))
+    here = source.get("checkpoint") and named.is_file() and named.resolve().parent == run_dir.resolve()
+    now = sha256_of(named) if here else None  # the checkpoint it cut is this folder's: is it still that file?
+    for other, what in ((analysed, "the checkpoint analysis.json analysed"), (now, f"{named} as it is now")):
+        if source.get("sha256") and other and source["sha256"] != other:
+            return [f"{run_dir / 'truncate_report.json'} cut another model than {what} (sha256 differs): it "
+                    "belongs to another run"]
+    return []
 
 
 def _recommendation(value: object) -> dict[str, Any] | None:
@@ -376,6 +426,7 @@ def _truncation_table(report: dict[str, Any]) -> str:
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}
+.warning{background:#fff4dc;border-left:4px solid #d08a00;padding:4px 8px}
 th{background:#f4f4f4}img{max-width:100%;border:1px solid #eee}figure{margin:.8em 0}
 dl.glossary{display:grid;grid-template-columns:max-content auto;gap:2px 12px}dl.glossary dt{font-weight:600}
 dl.glossary dd{margin:0}"""
@@ -391,8 +442,9 @@ document.body.setAttribute('data-images-loaded',n);document.body.setAttribute('d
 
 def _page(records: RunRecords, plots: dict[str, Path]) -> str:
     alerts = [[a["step"], a["kind"], a["severity"], a["message"]] for a in records.alerts]
-    parts = [f"<h1>isiwatch report: {html.escape(records.run_dir.name)}</h1>", "<h2>Summary</h2>",
-             _summary(records)]
+    parts = [f"<h1>isiwatch report: {html.escape(records.run_dir.name)}</h1>",
+             *(f'<p class="warning">warning: {html.escape(line)}</p>' for line in records.mixed),
+             "<h2>Summary</h2>", _summary(records)]
     if records.analysis is not None:  # write_plots drew its curves
         header, rows = analysis_rows(records.analysis)
         parts += ["<h2>Per-layer curves of the trained model</h2>", _img(plots["curves"], "per-layer curves"),
