@@ -189,3 +189,29 @@ def test_isiwatch_deploy_writes_the_packaged_files_and_refuses_a_folder_that_hol
     assert again.exit_code == 1 and again.output.count("\n") == 1, again.output
     assert "is not empty" in again.output
     assert {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()} == written
+
+
+def test_deploy_prints_a_command_that_works_when_pasted_and_files_that_name_no_other_folder(tmp_path):
+    """A folder with a space and a line break: the printed command is one line, and bash reads its path back as the
+    folder's; no written file names a ``deploy/`` folder the user does not have."""
+    from click.testing import CliRunner
+
+    from isiwatch.cli.commands import main
+
+    out = tmp_path / "my monitoring\nfolder"
+    done = CliRunner().invoke(main, ["deploy", str(out)])
+    assert done.exit_code == 0 and done.output.count("\n") == 1, done.output
+    word = done.output.split("docker compose -f ", 1)[1].removesuffix(" up -d\n")
+    pasted = subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, text=True, check=True)
+    assert pasted.stdout == str(out / "docker-compose.yml")
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert "deploy/" not in path.read_text(), path
+
+
+def test_the_repository_deploy_folder_is_the_packaged_one():
+    """People who clone the repository look for ``deploy/docker-compose.yml`` at its root: it is the copy the wheel
+    ships (one folder, linked), not a second one that could drift."""
+    root = Path(__file__).resolve().parents[1] / "deploy"
+    assert root.is_symlink() and root.resolve() == DEPLOY.resolve()
+    assert (root / "docker-compose.yml").is_file()

@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import shlex
 import shutil
 import socket
 import stat
@@ -240,6 +241,25 @@ def shown_path(path: str | Path) -> str:
     would otherwise split the message)."""
     text = str(path)
     return text if text.isprintable() else repr(text)
+
+
+def shell_word(path: str | Path) -> str:
+    """``path`` as one word to paste into a POSIX shell command: quoted as needed (a space, a quote), and in bash's
+    ``$'...'`` form with escapes when it holds a character that is not printable (a line break would split the
+    pasted command in two)."""
+    text = str(path)
+    if text.isprintable():
+        return shlex.quote(text)
+
+    def escaped(c: str) -> str:
+        if c in "\\'":
+            return "\\" + c
+        if c.isprintable():
+            return c
+        code = ord(c)
+        return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+    return "$'" + "".join(map(escaped, text)) + "'"
 
 
 def _kind(mode: int) -> str:

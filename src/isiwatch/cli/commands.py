@@ -321,7 +321,7 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("isiwatch-demo"),
               show_default=True, help="Run directory.")
 @click.option("--quick", is_flag=True, help="A smaller, shorter run: fewer training steps, images and candidate "
-                                            "cuts (its wall time: benchmarks/RESULTS.md).")
+                                            "cuts.")
 @click.option("--config", "watch_config", type=click.Path(dir_okay=False, path_type=Path),
               help="isiwatch.yaml whose Watch options override the demo's defaults.")
 @click.option("--prometheus-port", type=click.IntRange(0, 65535), default=9108, show_default=True,
@@ -334,7 +334,10 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
 @DEVICE
 def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int, serve: float, progress: bool | None,
          device: str) -> None:
-    """Train a ViT on the embedded MNIST digits with Watch, analyse it, truncate it, write a report."""
+    """Train a ViT on the embedded MNIST digits with Watch, analyse it, truncate it, write a report.
+
+    The --out folder holds one run: the files an earlier demo wrote there are removed first (other files stay), and a
+    folder a Watch is writing is refused."""
     from .._utils.threads import set_torch_threads
     from .demo import run_demo
 
@@ -370,9 +373,11 @@ def deploy(folder: Path) -> None:
     from .deploy import write_deployment
 
     _check_paths(folders={"": folder})
+    from .._utils.files import shell_word, shown_path
+
     written = write_deployment(folder)  # refuses a folder that holds files before writing
-    click.echo(f"wrote {len(written)} files to {folder}; start them with: docker compose -f "
-               f"{folder / 'docker-compose.yml'} up -d")
+    click.echo(f"wrote {len(written)} files to {shown_path(folder)}; start them with: docker compose -f "
+               f"{shell_word(folder / 'docker-compose.yml')} up -d")
 
 
 from ..truncation.engine import DIST_STRATEGIES, PRECISIONS  # noqa: E402  (choices; lightning loads lazily)
