@@ -8,6 +8,8 @@ import json
 import re
 import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -209,9 +211,29 @@ def test_deploy_prints_a_command_that_works_when_pasted_and_files_that_name_no_o
             assert "deploy/" not in path.read_text(), path
 
 
-def test_the_repository_deploy_folder_is_the_packaged_one():
+def test_the_repository_deploy_folder_is_the_packaged_one(tmp_path):
     """People who clone the repository look for ``deploy/docker-compose.yml`` at its root: it is the copy the wheel
-    ships (one folder, linked), not a second one that could drift."""
-    root = Path(__file__).resolve().parents[1] / "deploy"
+    ships (one folder, linked), not a second one that could drift: a wheel built from the sources carries exactly the
+    root folder's files."""
+    repo = Path(__file__).resolve().parents[1]
+    root = repo / "deploy"
     assert root.is_symlink() and root.resolve() == DEPLOY.resolve()
-    assert (root / "docker-compose.yml").is_file()
+    source = tmp_path / "source"  # a copy of what a wheel is built from, so the build leaves the checkout alone
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(repo / name, source)
+    shutil.copytree(repo / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
+    [wheel] = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as shipped:
+        in_wheel = {name.removeprefix("isiwatch/deploy/"): shipped.read(name) for name in shipped.namelist()
+                    if name.startswith("isiwatch/deploy/")}
+    assert in_wheel == {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    assert "docker-compose.yml" in in_wheel
+
+
+def test_python_m_isiwatch_is_the_isiwatch_command():
+    ran = subprocess.run([sys.executable, "-m", "isiwatch", "--help"], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert "Usage: python -m isiwatch" in ran.stdout and " deploy " in ran.stdout and " report " in ran.stdout
