@@ -58,6 +58,10 @@ def test_a_complete_line_that_is_not_utf8_is_named_as_such(digits, tmp_path):  #
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].endswith("metrics.jsonl:3: not UTF-8 (byte 22 of the line)")
     assert not (tmp_path / "report").exists()
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_bytes()
+    (tmp_path / "run" / "metrics.jsonl").write_bytes(metrics[:metrics.rindex(b"\xff")] + b"\xc3")  # torn mid-character
+    done = report(tmp_path / "run", tmp_path / "report")
+    assert done.returncode == 0 and "metrics.jsonl:3: skipped the cut-off last line" in done.stderr
 
 
 def test_a_truncation_of_another_model_is_said(digits, tmp_path):  # noqa: F811

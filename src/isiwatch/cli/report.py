@@ -60,18 +60,16 @@ def _jsonl(path: Path, warn: Warn) -> list[tuple[int, object]]:
         return []
     data = path.read_bytes()
     lines = [(number, line) for number, line in enumerate(data.split(b"\n"), 1) if line.strip()]
+    torn = lines[-1][0] if lines and not data.endswith(b"\n") else None  # the last line, when it has no line break
     records = []
     for number, line in lines:
         try:
             records.append((number, json.loads(line)))
-        except UnicodeDecodeError as exc:  # a complete line: a multi-byte character cut in two ends a torn one
-            if number == lines[-1][0] and not data.endswith(b"\n"):
+        except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError (a torn line may end mid-character)
+            if number == torn:
                 warn(f"{path}:{number}: skipped the cut-off last line (the run stopped while writing it)")
-            else:
+            elif isinstance(exc, UnicodeDecodeError):
                 raise ValueError(f"{path}:{number}: not UTF-8 (byte {exc.start + 1} of the line)") from None
-        except ValueError:
-            if number == lines[-1][0] and not data.endswith(b"\n"):
-                warn(f"{path}:{number}: skipped the cut-off last line (the run stopped while writing it)")
             else:
                 raise ValueError(f"{path}:{number}: not a JSON line") from None
     return records
