@@ -2,6 +2,7 @@
 process frees its folder for the resume, and a resume whose rewrite fails (a full disk) stays pending until the log
 is true again."""
 
+import gc
 import json
 import os
 import signal
@@ -39,6 +40,23 @@ def test_a_second_watch_on_a_folder_in_use_is_refused_naming_the_first(digits, t
         second.step(3, 1.0)  # the folder is free once the first Watch closed
     assert [json.loads(line)["run"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
         "first", "first", "second"]
+
+
+def test_a_watch_nobody_references_does_not_hold_the_folder(digits, tmp_path):  # noqa: F811
+    """A notebook cell run again binds a new Watch to the name of an unclosed one: once nothing references the old
+    Watch it is no writer any more, so the new one takes the folder (a referenced one is still refused)."""
+    _, _, px, py = digits
+    model = tiny_vit()
+    gc.disable()  # the old Watch stays uncollected until the lock asks for a collection
+    try:
+        Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="old", heatmap_every=1000)
+        watch = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="new", heatmap_every=1000)
+    finally:
+        gc.enable()
+    assert "run 'new'" in holder(tmp_path)
+    with pytest.raises(FolderInUse, match="run 'new'"):
+        Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="third", heatmap_every=1000)
+    watch.close(final_sample=False)
 
 
 def test_a_resumed_run_renames_the_holder(digits, tmp_path):  # noqa: F811

@@ -10,10 +10,12 @@ not be protected (``flock`` there depends on the mount).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 try:
     import fcntl
@@ -30,13 +32,36 @@ class FolderInUse(ValueError):
     """Another Watch (this process's or another's) writes this log folder."""
 
 
-def _holder(fd: int) -> str:
-    """Who holds the lock, as its record says: ``run 'demo' (pid 4242 on host)``, or ``another Watch``."""
+def _record(fd: int) -> dict[str, Any] | None:
+    """The lock file's record of its holder (run, pid, host), or None when it is unreadable."""
     try:
         record = json.loads(os.pread(fd, 4096, 0))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its record says: ``run 'demo' (pid 4242 on host)``, or ``another Watch``."""
+    record = _record(fd) or {}
+    try:
         return f"run {record['run']!r} (pid {int(record['pid'])} on {record['host']})"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):
         return "another Watch"
+
+
+def _lock(fd: int) -> None:
+    """Take the exclusive lock or raise BlockingIOError. When this process holds it, the holder may be a Watch
+    nobody references any more (a notebook cell run again, a Watch never closed): a garbage collection frees its
+    lock, so the lock is tried once more after one."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        record = _record(fd)
+        if record is None or record.get("pid") != os.getpid():
+            raise
+        gc.collect()
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 class LogFolderLock:
@@ -64,7 +89,7 @@ class LogFolderLock:
         except OSError:
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock(fd)
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
