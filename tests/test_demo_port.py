@@ -39,3 +39,18 @@ def test_a_taken_port_is_one_line_naming_the_option_and_writes_nothing(tmp_path)
     last = result.output.splitlines()[-1]
     assert last.startswith("Error: port 9108 on 127.0.0.1 is taken") and "--prometheus-port" in last
     assert not (tmp_path / "d").exists()
+
+
+def test_a_folder_a_watch_writes_is_refused_in_one_line_and_left_alone(tmp_path):
+    from isiwatch.watch.log_folder import LogFolderLock
+
+    lock = LogFolderLock(tmp_path, "training")
+    (tmp_path / "metrics.jsonl").write_text("the training run's\n")
+    try:
+        result = CliRunner().invoke(main, ["demo", "--quick", "--prometheus-port", "0", "--out", str(tmp_path)])
+    finally:
+        lock.release()
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    last = result.output.splitlines()[-1]
+    assert last.startswith(f"Error: {tmp_path}/ is in use by run 'training' (pid ") and "--out" in last
+    assert (tmp_path / "metrics.jsonl").read_text() == "the training run's\n"
