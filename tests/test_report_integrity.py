@@ -1,6 +1,7 @@
 """`isiwatch report` tells the truth about a folder: several runs, a step logged twice, another run's truncation and
 a line that is not UTF-8 are each said in one line, never shown as one run without a word."""
 
+import os
 import subprocess
 import sys
 
@@ -8,7 +9,7 @@ from test_faults import tiny_vit
 from test_watch import digits  # noqa: F401  (fixture)
 
 from isiwatch import Watch, analyze
-from isiwatch.cli.report import _foreign_truncation
+from isiwatch.cli.report import _foreign_truncation, _older_than_the_log
 from isiwatch.io.checkpoint import sha256_of
 
 
@@ -77,3 +78,17 @@ def test_a_truncation_of_another_model_is_said(digits, tmp_path):  # noqa: F811
     now = {"source": {"checkpoint": str(tmp_path / "model.pt"), "sha256": "a" * 64}}  # model.pt changed since
     [line] = _foreign_truncation(tmp_path, None, now)
     assert f"than {tmp_path / 'model.pt'} as it is now" in line and sha256_of(tmp_path / "model.pt") != "a" * 64
+
+
+def test_an_analysis_or_truncation_written_before_the_log_began_is_said(tmp_path):
+    """A re-run that was interrupted leaves its new log beside the earlier run's truncation: written before the log's
+    first sample, it cannot be this log's."""
+    samples = [{"step": 1, "time": 1_000_000.0}, {"step": 2, "time": 1_000_060.0}]
+    for name in ("analysis.json", "truncate_report.json"):
+        (tmp_path / name).write_text("{}")
+    os.utime(tmp_path / "truncate_report.json", (999_999.0, 999_999.0))  # before step 1
+    os.utime(tmp_path / "analysis.json", (1_000_030.0, 1_000_030.0))  # after it
+    [line] = _older_than_the_log(tmp_path, samples, ["analysis.json", "truncate_report.json"])
+    assert line == (f"{tmp_path / 'truncate_report.json'} was written before the first sample in metrics.jsonl: it "
+                    "belongs to an earlier run, not to this log")
+    assert _older_than_the_log(tmp_path, samples, ["analysis.json"]) == []

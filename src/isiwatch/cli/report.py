@@ -161,7 +161,9 @@ def read_run(run_dir: str | Path, warn: Warn | None = None) -> RunRecords:
                                 or (None, None))
     truncation = _json_file(run_dir / "truncate_report.json", "an isiwatch truncation report", _truncation)
     mixed = [*_mixed_runs(run_dir / "metrics.jsonl", samples),
-             *_foreign_truncation(run_dir, analysis, truncation)]
+             *_foreign_truncation(run_dir, analysis, truncation),
+             *_older_than_the_log(run_dir, samples, [n for n, d in (("analysis.json", analysis),
+                                                                    ("truncate_report.json", truncation)) if d])]
     for line in mixed:
         warn(line)
     return RunRecords(run_dir, samples, alerts, analysis, truncation, recommendation, mixed)
@@ -200,6 +202,18 @@ def _foreign_truncation(run_dir: Path, analysis: Analysis | None, truncation: di
             return [f"{run_dir / 'truncate_report.json'} cut another model than {what} (sha256 differs): it "
                     "belongs to another run"]
     return []
+
+
+def _older_than_the_log(run_dir: Path, samples: list[dict[str, Any]], names: list[str]) -> list[str]:
+    """A line for each of ``names`` last written before the log's first sample (file time against the samples'
+    ``time``, both seconds since the epoch): a run's analysis and truncation come after its training, so such a file
+    is an earlier run's (a demo or training re-run into the folder that did not get as far)."""
+    times = [t for t in (s.get("time") for s in samples) if isinstance(t, (int, float))]
+    if not times:
+        return []
+    first = min(times)
+    return [f"{run_dir / name} was written before the first sample in metrics.jsonl: it belongs to an earlier run, "
+            "not to this log" for name in names if (run_dir / name).stat().st_mtime < first]
 
 
 def _recommendation(value: object) -> dict[str, Any] | None:
