@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 from types import TracebackType
 
 #: The packages whose import failures this names, in the order they import each other.
@@ -45,7 +46,8 @@ def broken_install(exc: BaseException) -> str | None:
     if package is None or (missing and missing.split(".")[0] not in STACK):  # a missing dependency is named as such
         return None
     torch, vision = _version("torch"), _version("torchvision")
-    pinned = [r for r in importlib.metadata.requires("torchvision") or [] if r.split()[0] == "torch"] if vision else []
+    needs = importlib.metadata.requires("torchvision") or [] if vision else []
+    pinned = [r for r in needs if re.split(r"[\s<>=!~;(\[]", r, maxsplit=1)[0] == "torch"]
     variant = f" --index-url {CPU_INDEX}" if torch and "+cpu" in torch else ""
     base = torch.split("+")[0] if torch else None
     pair = f"torch=={base} torchvision=={vision.split('+')[0]}" if base and vision else "torch torchvision"
