@@ -1,7 +1,7 @@
 """What benchmarks/RESULTS.md states about the demo is what the code does now: the quick demo at seed 0 on one torch
 thread is deterministic, so running it again must give the committed record's accuracy, cut and bounds. When the
-code changes what the demo does, this fails until the JSON is regenerated (``python benchmarks/bench_demo.py
---threads 1``, then ``python benchmarks/report.py``)."""
+code changes what the demo does, this fails until the JSON and RESULTS.md are regenerated, by one command:
+``python benchmarks/bench_demo.py``."""
 
 import json
 import sys
