@@ -41,3 +41,14 @@ def test_other_failures_are_not_blamed_on_the_install():
         raise RuntimeError("a bug of ours")
     except RuntimeError as exc:
         assert broken_install(exc) is None
+
+
+def test_every_cpu_install_line_installs_torch_and_torchvision_together():
+    """A CPU torch alone beside the CUDA torchvision pip picks by default is the mismatch above."""
+    root = SRC.parent
+    pages = [root / "README.md", root / "CONTRIBUTING.md", *sorted((root / "docs").glob("*.md"))]
+    lines = [(page.name, line) for page in pages for line in page.read_text(encoding="utf-8").splitlines()
+             if "download.pytorch.org/whl/" in line]
+    assert lines, "no install line found: the test reads the wrong files"
+    alone = [(name, line) for name, line in lines if "pip install torch torchvision" not in line]
+    assert not alone, f"install torch and torchvision from one index: {alone}"
