@@ -325,7 +325,7 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("isiwatch-demo"),
               show_default=True, help="Run directory.")
 @click.option("--quick", is_flag=True, help="A smaller, shorter run: fewer training steps, images and candidate "
-                                            "cuts (its wall time: benchmarks/RESULTS.md).")
+                                            "cuts.")
 @click.option("--config", "watch_config", type=click.Path(dir_okay=False, path_type=Path),
               help="isiwatch.yaml whose Watch options override the demo's defaults.")
 @click.option("--prometheus-port", type=click.IntRange(0, 65535), default=9108, show_default=True,
