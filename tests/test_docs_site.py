@@ -32,7 +32,7 @@ FIGURES = [
     ("depth/depth.png", "index.html"),
     ("depth/depth.png", "benchmarks/index.html"),
     ("demo/report_heatmaps.png", "index.html"),
-    ("freeze/freeze.png", "training/index.html"),
+    ("freeze/freeze.png", "explanations/index.html"),
 ]
 #: The pages a user reads to do one task: each opens with a runnable example and keeps to the task.
 TASK_PAGES = ["monitor.md", "truncate.md", "training.md", "integrations.md", "specialize.md", "cli.md"]
