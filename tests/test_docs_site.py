@@ -193,3 +193,11 @@ def test_contributing_is_a_page_linked_from_the_nav_and_the_overview(site: Path)
         "the overview's text does not link it"
     nav = re.findall(r"<a\s[^>]*>", pages["api/index.html"])
     assert any('href="../contributing/"' in a and 'class="md-nav__link"' in a for a in nav), "the nav does not list it"
+
+
+def test_long_code_lines_wrap_instead_of_overflowing(site: Path) -> None:
+    """Snippets run as written, so some lines are long; the site wraps them rather than hiding their ends."""
+    page = _pages(site)["truncate/index.html"]
+    css = re.search(r'<link[^>]+href="([^"]*extra\.css)"', page)
+    assert css is not None, "the pages load no stylesheet of ours"
+    assert "white-space: pre-wrap" in (site / "truncate" / css[1]).resolve().read_text()
