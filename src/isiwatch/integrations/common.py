@@ -3,6 +3,7 @@ summary a framework's own logger receives, and the training loss read from a mod
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -10,6 +11,21 @@ from typing import Any
 from torch import Tensor, nn
 
 from isiwatch.watch.monitor import Watch
+
+
+def require_extra(extra: str, *modules: str) -> None:
+    """Import ``modules`` or raise one line naming the extra that installs them: a user of an integration sees
+    ``pip install "isiwatch[transformers]"``, not a ``ModuleNotFoundError`` from inside isiwatch (the Trainer also
+    needs ``accelerate``, which transformers itself does not install)."""
+    missing = []
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise ModuleNotFoundError(f"isiwatch's {extra} integration needs {' and '.join(missing)}, not installed: "
+                                  f'pip install "isiwatch[{extra}]"', name=missing[0])
 
 
 def loss_value(output: Any) -> Tensor | float | None:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning.pytorch as pl
 from torch import Tensor, nn
 
-from isiwatch.integrations.common import WatchSlot, loss_value
+from isiwatch.integrations.common import WatchSlot, loss_value, require_extra
 from isiwatch.watch.monitor import Watch
 
 from ..taps import TapError, vit_parts
+
+require_extra("lightning", "lightning")
+
+import lightning.pytorch as pl  # noqa: E402
 
 
 def network(pl_module: pl.LightningModule) -> nn.Module:

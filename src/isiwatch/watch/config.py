@@ -37,37 +37,71 @@ class WatchOptions:
     """Every serialisable option of [`isiwatch.Watch`][isiwatch.Watch] (see its docstring for meanings)."""
 
     every_n_steps: int = 100
+    """Training steps between two samples (probe passes)."""
     log_dir: str | None = None
+    """Folder for TensorBoard, `metrics.jsonl` and `alerts.jsonl`; none: no files."""
     run_name: str | None = None
+    """The run's name in every export; none: a random one (a resumed run keeps its saved name)."""
     prometheus_port: int | None = None
+    """Serve Prometheus gauges over HTTP on this port; none: no server."""
     prometheus_host: str = "127.0.0.1"
+    """Address the Prometheus server listens on."""
     pushgateway: str | None = None
+    """Push each sample to this Prometheus push gateway (`host:port` or an http/https URL)."""
     textfile: str | None = None
+    """Write each sample to this file for node_exporter's textfile collector."""
     phase_metric: str = "token_similarity"
+    """The per-layer curve whose plateau the phase detector looks for."""
     min_layers: int = 3
+    """Blocks a flat stretch must span to count as a plateau."""
     plateau_patience: int = 3
+    """Samples a stable plateau must last before `plateau_onset` (also `stop_on_plateau`'s patience)."""
     probe_batch_size: int = 256
+    """Probe images per forward pass of a sample."""
     with_isi_recon: bool = False
+    """Also track the reconstruction-based ISI (slower)."""
     history_size: int = 1000
+    """Samples kept in `watch.history`."""
     heatmap_every: int = 10
+    """Render TensorBoard's depth x step heat-maps every this many samples."""
     isi_stall_window: int = 5
+    """Samples over which `isi_stall` compares the mean ISI and the loss."""
     isi_stall_min_rise: float = 0.01
+    """`isi_stall` opens when the mean ISI rose by less than this (relative) over the window..."""
     isi_stall_min_loss_drop: float = 0.01
+    """...while the loss fell by more than this (relative)."""
     norm_friction_threshold: float | None = FRICTION_THRESHOLD
+    """`norm_friction_high` opens above this friction; none: the alert is off."""
     monitor: str | None = None
+    """Series early stopping watches (`probe_cls/last`, `isi/layer_03`, `loss`); none: no early stopping."""
     mode: str = "min"
+    """`min` or `max`: the direction in which `monitor` improves (Lightning's `mode`)."""
     min_delta: float = 0.0
+    """Smallest change that counts as an improvement, signed as in Lightning."""
     patience: int = 3
+    """Samples without improvement before early stopping stops the run."""
     warmup: int = 0
+    """Samples ignored by early stopping at the start."""
     check_finite: bool = True
+    """Stop when `monitor` is NaN or infinite."""
     stopping_threshold: float | None = None
+    """Stop as soon as `monitor` reaches this value."""
     divergence_threshold: float | None = None
+    """Stop as soon as `monitor` is worse than this value."""
     stop_on_plateau: bool = False
+    """Stop once the plateau span and the last-layer probe accuracy have been stable for `plateau_patience`
+    samples."""
     max_consecutive_failures: int = 5
+    """Failed samples in a row after which the Watch disables itself (training goes on)."""
     strict: bool = False
+    """Re-raise failures inside the Watch instead of reporting them (tests, debugging)."""
     probe_every: int = 1
+    """Fit the linear probes, the costliest metric, on every k-th sample only."""
     overhead_budget: float | None = None
+    """Fraction of training time the Watch may take (e.g. 0.005): it stretches its sampling interval to stay
+    under it. None: off."""
     freeze_settled: bool | FreezePolicy = False
+    """Freeze the blocks whose output has settled: `True` (defaults) or a `FreezePolicy`. Experimental."""
 
     def __post_init__(self) -> None:
         """Direct construction gets the same type and range checks as YAML and ``Watch(**options)``."""
