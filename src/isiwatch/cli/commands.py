@@ -386,8 +386,13 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
     STRATEGIES,
 )
 
+#: Exit status of ``isiwatch truncate`` when ``auto`` certified no cut (nothing written); bad input exits 1.
+NO_CERTIFIED_CUT = 3
 
-@main.command()
+
+@main.command(epilog=f"Exit status: 0 a cut was written; 1 bad input or an error (one line, nothing written); "
+                     f"{NO_CERTIFIED_CUT} auto certified no cut (nothing written; the last line says what --max-drop "
+                     "or how many validation images would certify the nearest candidate).")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Where to write the truncated checkpoint (a new directory for a Hugging Face model).")
@@ -500,7 +505,7 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     from ..truncation.explain import story_lines
     from ..truncation.journal import journal_path
     from ..truncation.truncate import candidates_table, report_table, truncate
-    from ..truncation.truncate_report import verdict_line
+    from ..truncation.truncate_report import no_cut_line, verdict_line
 
     heal_data: Data = data if dataset is None else TimmDataset(dataset, data, train_split)
     evaluation: Data | None = eval_data if dataset is None else TimmDataset(dataset, eval_data or data, val_split)
@@ -531,7 +536,11 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     for path in result.paths:
         click.echo(_wrote(path, existing))
     if result.report.get("validate_command"):
-        click.echo(f"evaluate it with timm: {result.report['validate_command']}")
+        click.echo("evaluate it with timm's validate.py (in timm's source repository, not its wheel: git clone "
+                   f"https://github.com/huggingface/pytorch-image-models): {result.report['validate_command']}")
+    if not result.cut:
+        click.echo(no_cut_line(result.report))
+        ctx.exit(NO_CERTIFIED_CUT)
 
 
 @main.command()

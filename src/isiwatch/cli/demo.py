@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from tqdm.auto import tqdm
 
+from .._utils.files import write_json
 from ..io.checkpoint import save_checkpoint, sha256_of
 from ..io.data import DIGITS_TRAIN, embedded_digits
 from ..measure.analysis import analyze
@@ -30,7 +31,7 @@ from ..truncation.explain import story_lines
 from ..truncation.healing import DIGITS_VIT_ARCH, accuracy, make_digits_vit, train_classifier
 from ..truncation.strategies import DEFAULT_CONFIDENCE
 from ..truncation.truncate import candidates_table, report_table, truncate
-from ..truncation.truncate_report import verdict_line
+from ..truncation.truncate_report import no_cut_line, verdict_line
 from ..watch.config import load_yaml
 from ..watch.monitor import Watch
 from .offline import analysis_record, write_analysis
@@ -251,10 +252,13 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
         echo(verdict_line(truncated.report))
         for line in story_lines(truncated.report):
             echo(line)
+        if not truncated.cut:  # truncate wrote nothing; the run's record of why is the demo's own
+            echo(str(no_cut_line(truncated.report)))
+            write_json(out / "truncate_report.json", truncated.report)
         with clock.phase("report"):
             report_paths = write_report(out, out / "report")
         echo(f"wrote {out}/: model.pt, analysis.json, curves.png, metrics.jsonl, alerts.jsonl, TensorBoard events, "
-             f"truncated.pt, truncate_report.json, {report_paths[-1].relative_to(out)}")
+             f"{'truncated.pt, ' if truncated.cut else ''}truncate_report.json, {report_paths[-1].relative_to(out)}")
         if exporter:
             _serve(exporter, serve, echo)
     finally:

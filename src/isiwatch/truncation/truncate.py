@@ -425,17 +425,35 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
                    "seed": r.seed, "output": None if r.out is None else str(r.out),
                    "evaluated_on": "test" if search else "validation+test", "search": search})
     data = r.data if r.eval_data is None else r.eval_data  # validate.py finds validation/ as this split did
-    if r.out is not None and isinstance(data, NAMED) and plan.normalization is not None \
-            and not plan.checkpoint.path.is_dir():
+    if r.out is not None and isinstance(data, NAMED) and str(data) != "mnist" and plan.normalization is not None \
+            and not plan.checkpoint.path.is_dir() and (search is None or search["winner"] is not None):
         result["validate_command"] = shlex.join(validate_py_command(
             data, plan.checkpoint.arch, r.out, cut_model_kwargs(plan, execution), plan.normalization,
             plan.fabric.device.type))
+    if search is not None and search["winner"] is None:
+        search["to_certify"] = to_certify(search, plan.guarantee)
     if search is not None:  # the winner (or the uncut model) scored once on the test split
         labels = execution.eval_y
         drop = PairedDrop.from_correct((reference == labels).tolist(), (after == labels).tolist())
         search["test"] = {"points": 100 * drop.drop, **drop.to_dict(),
                           "within_max_drop": 100 * drop.drop <= r.max_drop + 1e-9}
     return result
+
+
+def to_certify(search: dict[str, Any], guarantee: SearchGuarantee) -> dict[str, Any] | None:
+    """What would certify the candidate nearest to qualifying (smallest upper bound) of a search that certified
+    none: ``max_drop``, the smallest ``--max-drop`` (points, rounded up to 0.01) its bound is within, and
+    ``validation_images``, how many validation images its observed rates of discordant images would need at
+    the run's ``max_drop`` (None: no number, its observed drop is not below it). None without candidates."""
+    if not search["candidates"]:
+        return None
+    best = min(search["candidates"], key=lambda c: (c["validation_drop"]["upper_bound_points"], c["keep"]))
+    drop = best["validation_drop"]
+    part = best["chain"] if best["chain"] in guarantee.parts else "healed"
+    pair = PairedDrop(drop["images"], drop["uncut_only"], drop["cut_only"])
+    return {"strategy": best["strategy"], "keep": best["keep"], "chain": best["chain"],
+            "max_drop": math.ceil(round(100 * drop["upper_bound_points"], 6)) / 100,
+            "validation_images": guarantee.rule(part).images_to_qualify(pair)}
 
 
 def _write_model(plan: TruncationPlan, execution: Execution, result: dict[str, Any], out: Path) -> Path:
@@ -469,21 +487,35 @@ def write(plan: TruncationPlan, execution: Execution, result: dict[str, Any]) ->
     r = plan.request
     if not plan.fabric.is_global_zero:  # every process healed the same weights; one writes them
         return []
+    if not certified(result):  # a copy of the input would pass for a cut: write nothing, leave no journal
+        if r.journal is not None:
+            r.journal.unlink(missing_ok=True)
+        return []
     paths = [] if r.out is None else [_write_model(plan, execution, result, r.out)]
     if r.report is not None:
         paths.append(write_json(r.report, result))
     return paths
 
 
+def certified(report: dict[str, Any]) -> bool:
+    """Whether a report's run cut the model: a fixed strategy always does; ``auto`` only when it certified a
+    cut (else it writes nothing)."""
+    search = report.get("search")
+    return not isinstance(search, dict) or search.get("winner") is not None
+
+
 @dataclass
 class TruncateResult:
     """The truncated model, the report dict (also written as JSON with ``report=``), the written paths and whether
-    this process is the one that writes (process 0 of a distributed run)."""
+    this process is the one that writes (process 0 of a distributed run). ``cut`` is False when ``auto``
+    certified no cut: ``model`` is then the uncut model, nothing was written, and ``report["search"]``
+    says why (``message``) and what would certify the nearest candidate (``to_certify``)."""
 
     model: nn.Module
     report: dict[str, Any]
     paths: list[Path]
     writer: bool = True
+    cut: bool = True
 
 
 def truncate(
@@ -531,7 +563,8 @@ def truncate(
     By default (``auto``, `isiwatch.truncation.search`) it searches for the cheapest cut, as it is or healed,
     whose accuracy drop is certified within ``max_drop`` points of the uncut model's on the validation images (the
     upper ``confidence`` bound of the paired drop, `isiwatch.truncation.confidence`), heals a healed winner fully
-    and scores the winner once on the test images; when none qualifies, the uncut weights are returned. The steps
+    and scores the winner once on the test images; when none qualifies, nothing is written and the result's
+    ``cut`` is False (its model the uncut one, its report saying what would certify the nearest candidate). The steps
     are `TruncateRequest` (checks the options before anything is read), `plan`, `execute`, `report` and `write`;
     [`cut`][isiwatch.cut] and [`heal`][isiwatch.heal] do the surgery and the healing on their own. The input is
     never written; outputs are written atomically, only after everything succeeded.
@@ -623,7 +656,8 @@ def _run(request: TruncateRequest) -> TruncateResult:
     planned = plan(request)
     execution = execute(planned)
     result = report(planned, execution)
-    return TruncateResult(execution.model, result, write(planned, execution, result), planned.fabric.is_global_zero)
+    return TruncateResult(execution.model, result, write(planned, execution, result), planned.fabric.is_global_zero,
+                          certified(result))
 
 
 def _search_header(plan: TruncationPlan, guarantee: SearchGuarantee, uncut_correct: Tensor) -> dict[str, Any]:
@@ -717,7 +751,7 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
                                 f"; the closest, {closest.strategy} keeping {closest.keep} blocks "
                                 f"{'as cut' if closest.chain == 'cut' else 'healed'}, dropped "
                                 f"{_points(closest.drop.drop)} on validation with an upper bound of "
-                                f"{_points(closest.bound)}") + "; kept the uncut model")
+                                f"{_points(closest.bound)}"))
         return copy.deepcopy(uncut), list(range(depth)), record
     record["message"] = None
     assert isinstance(model, nn.Module)

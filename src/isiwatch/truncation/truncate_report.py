@@ -110,6 +110,24 @@ def verdict_line(report: dict[str, Any]) -> str:
             f"({'within' if test['within_max_drop'] else 'beyond'} {search['max_drop']:g})")
 
 
+def no_cut_line(report: dict[str, Any]) -> str | None:
+    """For an ``auto`` run that certified no cut: one line that says nothing was written and what would certify
+    the nearest candidate (``search.to_certify``); None when a cut was made."""
+    search = report.get("search")
+    if not isinstance(search, dict) or search.get("winner") is not None:
+        return None
+    need = search.get("to_certify")
+    if not need:
+        return "no certified cut: no candidate was tested; nothing written"
+    how = {"cut": "as cut"}.get(need["chain"], need["chain"])
+    images = need["validation_images"]
+    more = (f", or about {images:,} validation images at its observed rates ({search['validation_images']:,} now)"
+            if images else " (at the present max drop no number of validation images would: its observed drop "
+                           "is not below it)")
+    return (f"no certified cut, nothing written: the nearest candidate, {need['strategy']} keeping {need['keep']} "
+            f"blocks {how}, would be certified with --max-drop {need['max_drop']:.2f}{more}")
+
+
 def report_table(report: dict[str, Any]) -> str:
     """The before/after table as text, with the kept blocks and the strategy (one row when nothing was cut)."""
     if report["cost"]["truncated"]["blocks"] == report["cost"]["uncut"]["blocks"]:
