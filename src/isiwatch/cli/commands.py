@@ -414,6 +414,12 @@ NO_CERTIFIED_CUT = 3
               help="With --dataset: the split that heals.")
 @click.option("--val-split", default="validation", show_default=True, metavar="SPLIT",
               help="With --dataset: the split validated and tested on.")
+@click.option("--class-map", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="JSON object of class folder name to model output index (or a JSON list of the names in output "
+                   "order) [default: the checkpoint's recorded map, else numeric folder names as indices, else "
+                   "timm's sorted-name numbering]. auto stops before any healing when the uncut model is not above "
+                   "chance on the validation images (one-sided exact test at --confidence): labels that do not "
+                   "match.")
 @click.option("--strategy", type=click.Choice(("auto", *STRATEGIES)),
               help=f"Which blocks to drop [default: auto; {DEFAULT_STRATEGY} with --keep]. auto: the cheapest "
                    "healed cut within --max-drop; "
@@ -476,8 +482,8 @@ NO_CERTIFIED_CUT = 3
                    "alike on any number of processes.")
 @WORKERS
 def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval_data: str | None, dataset: str | None,
-             train_split: str, val_split: str, strategy: str | None, keep: int | None, max_drop: float,
-             confidence: float, budget: int, train_last: int | None, epochs: int,
+             train_split: str, val_split: str, class_map: Path | None, strategy: str | None, keep: int | None,
+             max_drop: float, confidence: float, budget: int, train_last: int | None, epochs: int,
              heal_steps: int | None, screen_steps: int | None, resume: bool, lr: float, distill: bool,
              metric: str | None, images: int, fmt: str, report: Path | None, arch: str | None,
              num_heads: int | None, no_ema: bool, seed: int, mean: tuple[float, ...] | None,
@@ -518,7 +524,7 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
                           prefer_ema=not no_ema, mean=mean, std=std, device=_device(device), seed=seed,
                           progress=_progress(progress), devices=devices, num_nodes=num_nodes,
                           dist_strategy=dist_strategy, precision=precision, batch_size=batch_size, workers=workers,
-                          echo=click.echo)
+                          echo=click.echo, class_map=class_map)
     except OptionError as exc:  # worded with this command's flags (--keep K), not Python's parameters (keep=K)
         raise click.ClickException(exc.worded({p.name: p.opts[0] for p in ctx.command.params if p.name})) from None
     if not result.writer:  # another process of a distributed run prints and writes

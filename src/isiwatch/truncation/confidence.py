@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AcceptanceRule", "PairedDrop", "SearchGuarantee", "upper_bound"]
+__all__ = ["AcceptanceRule", "PairedDrop", "SearchGuarantee", "above_chance", "upper_bound"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,12 @@ def upper_bound(pair: PairedDrop, alpha: float) -> float:
         raise ValueError(f"alpha must be above 0, got {alpha}")
     return (_clopper_pearson_upper(pair.uncut_only, pair.images, alpha / 2)
             - _clopper_pearson_lower(pair.cut_only, pair.images, alpha / 2))
+
+
+def above_chance(correct: int, images: int, chance: float, alpha: float) -> bool:
+    """Whether ``correct`` of ``images`` is significantly above the accuracy ``chance`` (a fraction): the
+    one-sided exact (Clopper–Pearson) test at level ``alpha``, its lower bound above ``chance``."""
+    return _clopper_pearson_lower(correct, images, alpha) > chance
 
 
 @dataclass(frozen=True)

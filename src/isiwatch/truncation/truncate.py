@@ -42,7 +42,7 @@ from ..measure.depth import DepthRecommendation, recommend_depth
 from ..measure.phases import Phases
 from ..taps import vit_parts
 from .classifier_layout import block_list
-from .confidence import PARTS, PairedDrop, SearchGuarantee
+from .confidence import PARTS, PairedDrop, SearchGuarantee, above_chance
 from .cost import count_parameters, forward_flops, measure_latency
 from .data_split import NAMED, Data, Split, load_split
 from .engine import FabricOptions
@@ -152,6 +152,7 @@ class TruncateRequest:
     dist_strategy: str = "auto"
     precision: str | None = None
     echo: Callable[[str], None] | None = None
+    class_map: Path | dict[str, int] | None = None
 
     @property
     def fabric_options(self) -> FabricOptions:
@@ -224,6 +225,8 @@ class TruncationPlan:
     recommendation: DepthRecommendation | None
     distances: BoundaryDistances | None
     kept: list[int] | None
+    #: ``auto``: the uncut model's test predictions, made before the search (every test image decoded then).
+    uncut_test: Tensor | None = None
 
     @property
     def depth(self) -> int:
@@ -310,6 +313,54 @@ def _check_certifiable(request: TruncateRequest, guarantee: SearchGuarantee, ima
             f"within {points} at {confidence} confidence")
 
 
+def _read_class_map(path: Path) -> dict[str, int]:
+    """A class map file: a JSON object of class folder name → model output index, or a JSON list of the class
+    names in output order; refused in one line."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise OptionError("{class_map} {path}: not a readable JSON file ({why})", path=path,
+                          why=str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return {name: i for i, name in enumerate(value)}
+    if isinstance(value, dict) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                       for v in value.values()):
+        return {str(k): v for k, v in value.items()}
+    raise OptionError("{class_map} {path}: not a JSON object of class folder name to output index (or a list of "
+                      "the class names in output order)", path=path)
+
+
+def _class_map(request: TruncateRequest, ckpt: Checkpoint) -> dict[str, int] | None:
+    """The class map to number class folders by: the given one, else the one the checkpoint records."""
+    given = request.class_map
+    if given is not None:
+        return _read_class_map(given) if isinstance(given, Path) else dict(given)
+    recorded = ckpt.metadata.get("class_map")
+    return {str(k): int(v) for k, v in recorded.items()} if isinstance(recorded, dict) and recorded else None
+
+
+def _check_labels(request: TruncateRequest, uncut: nn.Module, split: Split) -> Tensor:
+    """Before ``auto`` certifies anything: decode every validation and test image (a bad one is refused now,
+    not after the search) and refuse, in one line, an uncut model that is not above chance on the validation
+    split (labels that do not match its outputs). "Above chance" is the one-sided exact test at the run's
+    confidence (95 % with ``confidence`` 0) that its accuracy exceeds the share of the commonest validation
+    class. Returns the uncut model's test predictions."""
+    labels = split.val_y
+    correct = int((predict(uncut, split.val_x) == labels).sum())
+    test = predict(uncut, split.test_x)
+    images, chance = len(labels), float(labels.bincount().max()) / max(1, len(labels))
+    confidence = request.confidence or DEFAULT_CONFIDENCE
+    if not above_chance(correct, images, chance, 1 - confidence):
+        how = split.labels.get("numbering")
+        raise OptionError("the uncut model scores {accuracy} on the {images} validation images, not above chance "
+                          "({chance}, the commonest class's share) at {level} confidence: its outputs do not match "
+                          "these labels" + (f" (classes numbered by {how})" if how else "")
+                          + "; give {class_map:FILE} (class folder name to output index) or images of its classes",
+                          accuracy=f"{correct / images:.3f}", images=images, chance=f"{chance:.3f}",
+                          level=f"{100 * confidence:g} %")
+    return test
+
+
 def _load(request: TruncateRequest) -> tuple[Checkpoint, nn.Module]:
     """The source's record and the uncut model: a model object, a Hugging Face directory or a checkpoint file."""
     r = request
@@ -342,9 +393,11 @@ def plan(request: TruncateRequest) -> TruncationPlan:
     norm = (resolve_data_config(uncut, str(r.data), ckpt.data_config, r.mean, r.std)
             if isinstance(r.data, NAMED) else None)
     split = load_split(uncut, r.data, r.eval_data, norm, batch_size=r.batch_size, workers=r.workers, seed=r.seed,
-                       fabric=fabric)
+                       fabric=fabric, class_map=_class_map(r, ckpt))
+    uncut_test = None
     if r.strategy == "auto":
         line = _check_certifiable(r, search_guarantee(r, split, depth), len(split.val_y))
+        uncut_test = _check_labels(r, uncut, split)
         if r.echo is not None and fabric.is_global_zero:
             r.echo(line)
     metric = r.metric or (source_analysis.phase_metric if source_analysis else DEFAULT_PHASE_METRIC)
@@ -372,7 +425,7 @@ def plan(request: TruncateRequest) -> TruncationPlan:
                                   "cut anyway, or use {strategy:'auto'}", depth=depth, signal=recommendation.signal)
         kept = choose_blocks(r.strategy, depth, keep, phases=inputs.phases, distances=inputs.distances, seed=r.seed)
     return TruncationPlan(r, ckpt, uncut, split, norm, fabric, metric, inputs.phases, recommendation, inputs.distances,
-                          kept)
+                          kept, uncut_test)
 
 
 @dataclass
@@ -405,7 +458,8 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
     (`measure`) and every choice made on the way."""
     r, kept, search, depth = plan.request, execution.kept, execution.search, plan.depth
     x = execution.eval_x
-    reference, after = predict(plan.uncut, x), predict(execution.model, x)
+    reference = plan.uncut_test if search is not None and plan.uncut_test is not None else predict(plan.uncut, x)
+    after = predict(execution.model, x)
     before = predict(cut_vit(plan.uncut, kept), x) if len(kept) < depth else reference
     result = measure(plan.checkpoint, plan.uncut, execution.model, _timing_batch(x), execution.eval_y,
                      reference, before, after)
@@ -420,7 +474,7 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
                    "lr": r.lr, "distill": r.distill, "data": plan.split.data, "weights": plan.checkpoint.weights,
                    "normalization": plan.normalization.to_dict() if plan.normalization else None,
                    "device": str(plan.fabric.device), "processes": plan.fabric.world_size,
-                   "batch": plan.split.batch,
+                   "batch": plan.split.batch, "labels": plan.split.labels,
                    "precision": str(plan.fabric.strategy.precision.precision),
                    "seed": r.seed, "output": None if r.out is None else str(r.out),
                    "evaluated_on": "test" if search else "validation+test", "search": search})
@@ -463,7 +517,8 @@ def _write_model(plan: TruncationPlan, execution: Execution, result: dict[str, A
     metadata = {"kept_blocks": execution.kept, "source_sha256": ckpt.sha256, "source_checkpoint": str(ckpt.path),
                 "source_depth": plan.depth, **{k: result[k] for k in ("strategy", "metric", "phases", "train_last",
                                                                         "epochs", "distill", "accuracy", "weights",
-                                                                        "normalization", "data")}}
+                                                                        "normalization", "data")},
+                **({"class_map": plan.split.labels["classes"]} if plan.split.labels else {})}
     if ckpt.path.is_dir():
         return save_pretrained_dir(execution.model, out, metadata)
     model_kwargs = cut_model_kwargs(plan, execution)
@@ -557,6 +612,7 @@ def truncate(
     dist_strategy: str = "auto",
     precision: str | None = None,
     echo: Callable[[str], None] | None = None,
+    class_map: str | Path | dict[str, int] | None = None,
 ) -> TruncateResult:
     """Cut a trained ViT down to fewer blocks and heal it by fine-tuning its late blocks.
 
@@ -629,6 +685,11 @@ def truncate(
         precision: ``"32"``, ``"16-mixed"`` or ``"bf16-mixed"`` (None: bf16-mixed on CUDA, else 32).
         echo: Called (by process 0) with the line that says, before any healing, what ``auto`` can certify on
             the validation images.
+        class_map: How class folders map to the model's outputs: a dict or a JSON file of folder name → output
+            index (or a JSON list of names in output order); None: the checkpoint's recorded ``class_map``, else
+            numeric folder names as indices, else timm's sorted-name numbering. ``auto`` refuses, before any
+            healing, an uncut model not above chance on the validation split (one-sided exact test at
+            ``confidence``): its labels do not match.
 
     Returns:
         The truncated model, the report dict (costs, accuracies, every choice made, the ``auto`` search) and the
@@ -647,7 +708,8 @@ def truncate(
         images=images, fmt=fmt,
         report=None if report is None else Path(report), arch=arch, num_heads=num_heads, prefer_ema=prefer_ema,
         mean=mean, std=std, device=device, seed=seed, progress=progress, batch_size=batch_size, workers=workers,
-        devices=devices, num_nodes=num_nodes, dist_strategy=dist_strategy, precision=precision, echo=echo))
+        devices=devices, num_nodes=num_nodes, dist_strategy=dist_strategy, precision=precision, echo=echo,
+        class_map=None if class_map is None or isinstance(class_map, dict) else Path(class_map)))
 
 
 def _run(request: TruncateRequest) -> TruncateResult:
