@@ -56,6 +56,29 @@ def test_the_api_says_no_cut_and_writes_no_file(trained, tmp_path):
     assert again.cut  # the --max-drop it named certifies a cut
 
 
+def test_one_latency_per_model_the_same_in_every_table(trained):
+    """Issue 40.3: each depth's latency is measured once (interleaved repeats, with their spread), the candidate
+    rows and the summary show the same figure, and a wall-time speed-up is claimed only beyond the spread."""
+    from isiwatch.truncation.truncate_report import candidates_table, report_rows, report_table
+
+    result = truncate(trained, None, max_drop=60, budget=1, heal_steps=1, screen_steps=1, images=64)
+    report, search = result.report, result.report["search"]
+    assert result.cut
+    truncated = report["cost"]["truncated"]
+    for c in search["candidates"]:
+        if c["keep"] == truncated["blocks"]:
+            assert (c["latency_ms"], c["latency_quartiles_ms"]) == (truncated["latency_ms"],
+                                                                    truncated["latency_quartiles_ms"])
+    low, high = truncated["latency_quartiles_ms"]
+    assert low <= truncated["latency_ms"] <= high
+    cell = f"{truncated['latency_ms']:.2f} ({low:.2f}-{high:.2f})"
+    assert cell in candidates_table(report) and cell in report_table(report)
+    header, rows = report_rows(report)
+    uncut_q, cut_q = report["cost"]["uncut"]["latency_quartiles_ms"], truncated["latency_quartiles_ms"]
+    apart = uncut_q[1] < cut_q[0] or cut_q[1] < uncut_q[0]
+    assert (rows[1][header.index("wall speed-up")] == "within noise") is not apart
+
+
 #: Folder names of the digits 0-9 whose sorted order is the digits' reverse: timm numbers them 9, 8, ..., 0.
 NAMES = [f"{chr(ord('j') - d)}_digit" for d in range(10)]
 

@@ -16,7 +16,7 @@ import json
 import math
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -43,7 +43,7 @@ from ..measure.phases import Phases
 from ..taps import vit_parts
 from .classifier_layout import block_list
 from .confidence import PARTS, PairedDrop, SearchGuarantee, above_chance
-from .cost import count_parameters, forward_flops, measure_latency
+from .cost import model_costs
 from .data_split import NAMED, Data, Split, load_split
 from .engine import FabricOptions
 from .healing import HEAL_BATCH, Images, default_train_last, heal, predict
@@ -439,18 +439,42 @@ class Execution:
     search: dict[str, Any] | None
     eval_x: Images
     eval_y: Tensor
+    #: `measure_costs` of the uncut model and every depth tried, filled in by `execute`.
+    costs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def execute(plan: TruncationPlan) -> Execution:
-    """Cut and heal: the planned blocks, or the ``auto`` search (`auto_cut`)."""
+    """Cut and heal: the planned blocks, or the ``auto`` search (`auto_cut`); then the costs of every depth
+    tried (`measure_costs`)."""
     r, split = plan.request, plan.split
     if plan.kept is None:
         model, kept, search = auto_cut(plan)
-        steps = search["healing_steps"]
-        return Execution(model, kept, steps, search, split.test_x, split.test_y)
-    model = cut_vit(plan.uncut, plan.kept)
-    steps = plan.heal(model, plan.heal_steps, progress=r.progress)
-    return Execution(model, plan.kept, steps, None, *split.held_out)
+        execution = Execution(model, kept, search["healing_steps"], search, split.test_x, split.test_y)
+        depths = {c["keep"] for c in search["candidates"]}
+    else:
+        model = cut_vit(plan.uncut, plan.kept)
+        steps = plan.heal(model, plan.heal_steps, progress=r.progress)
+        execution = Execution(model, plan.kept, steps, None, *split.held_out)
+        depths = set()
+    execution.costs = measure_costs(plan, depths | {len(execution.kept)}, execution.eval_x)
+    if execution.search is not None:
+        for c in execution.search["candidates"]:
+            c.update({k: v for k, v in execution.costs[str(c["keep"])].items() if k != "blocks"})
+    return execution
+
+
+def measure_costs(plan: TruncationPlan, depths: set[int], images: Images) -> dict[str, dict[str, Any]]:
+    """The costs of the uncut model (``"uncut"``) and of a cut to each of ``depths`` blocks (keyed by the count:
+    a cost depends only on it), measured once, the latencies interleaved (`model_costs`), on the first 64 of
+    ``images``; every table of the run shows these figures."""
+    uncut, depth = plan.uncut, plan.depth
+    models = {"uncut": uncut, **{str(k): cut_vit(uncut, list(range(k))) for k in sorted(depths) if k < depth}}
+    batch = _timing_batch(images).to(next(uncut.parameters()).device)
+    costs = model_costs(models, batch, rounds=LATENCY_ROUNDS)
+    costs[str(depth)] = costs["uncut"]
+    for entry in costs.values():
+        entry["latency_batch"] = len(batch)
+    return costs
 
 
 def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
@@ -461,8 +485,8 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
     reference = plan.uncut_test if search is not None and plan.uncut_test is not None else predict(plan.uncut, x)
     after = predict(execution.model, x)
     before = predict(cut_vit(plan.uncut, kept), x) if len(kept) < depth else reference
-    result = measure(plan.checkpoint, plan.uncut, execution.model, _timing_batch(x), execution.eval_y,
-                     reference, before, after)
+    result = measure(plan.checkpoint, execution.costs["uncut"], execution.costs[str(len(kept))],
+                     "test" if search else "validation+test", execution.eval_y, reference, before, after)
     strategy = r.strategy if search is None else \
         f"auto: {search['winner_strategy']}" if search["winner"] else "auto: nothing cut"
     result.update({"strategy": strategy,
@@ -793,16 +817,9 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
     finally:
         progress.close()
     record["resumed_candidates"] = sum(c.resumed for c in search.candidates)
-    # costs depend only on the number of blocks kept: one cut per depth tried
-    by_keep = {str(k): cut_vit(uncut, list(range(k))) for k in sorted({c.keep for c in search.candidates})}
-    batch = _timing_batch(split.val_x).to(next(uncut.parameters()).device)
-    latency = measure_latency({"uncut": uncut, **by_keep}, batch, rounds=LATENCY_ROUNDS)
-    costs = {k: {"parameters": count_parameters(m), "flops_per_image": forward_flops(m, batch[:1]),
-                 "latency_ms": latency[k]} for k, m in by_keep.items()}
     for c in search.candidates:
-        c.extra = {**costs[str(c.keep)], "winner": c is winner}
-    record.update({"uncut_latency_ms": latency["uncut"], "latency_batch": len(batch),
-                   "candidates": [c.to_dict() for c in search.candidates],
+        c.extra = {"winner": c is winner}
+    record.update({"candidates": [c.to_dict() for c in search.candidates],
                    "winner": winner.to_dict() if winner else None,
                    "winner_strategy": winner.strategy if winner else "uncut"})
     if winner is None:
