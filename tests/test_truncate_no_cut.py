@@ -159,3 +159,24 @@ def test_a_corrupt_evaluation_image_stops_before_the_search_and_leaves_no_journa
     assert result.exit_code == 1, result.output
     assert result.output.count("\n") == 1 and "broken.jpg" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["classes.json", "eval"]  # no cut.pt.search.jsonl
+
+
+def test_truncate_auto_ends_with_the_story_of_its_cut(trained, tmp_path, monkeypatch):
+    """After the verdict, `isiwatch truncate` tells the recommended depth, the phases and the cut in short lines,
+    one fact each, as the demo and the HTML report do (issues 34 #5 and 40)."""
+    from isiwatch.truncation.explain import story_lines
+    from isiwatch.truncation.truncate_report import verdict_line
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["truncate", str(trained), "--out", "t.pt", "--report", "r.json",
+                                       "--max-drop", "60", *QUICK])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    story = story_lines(report)
+    assert story[0].startswith(f"recommended: {report['recommendation']['depth']} of 2 blocks")
+    assert any(line.startswith("cut: 1 of 2 blocks") for line in story)
+    lines = result.stdout.splitlines()
+    assert lines[lines.index(verdict_line(report)) + 1:][:len(story)] == story
+    accuracy = report["accuracy"]
+    assert (accuracy["split"], accuracy["images"]) == ("test", 500)
+    assert "accuracy test n=500" in result.stdout and "uncut accuracy validation n=500 " in result.stdout
