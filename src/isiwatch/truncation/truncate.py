@@ -189,6 +189,8 @@ class TruncateRequest:
         if self.mean is not None and not isinstance(self.data, NAMED):
             raise OptionError("{mean} and {std} normalise images read from a name or a folder; tensors and "
                               "DataLoaders are used as they are")
+        if self.class_map is not None and not isinstance(self.class_map, dict):
+            self.class_map = _read_class_map(Path(self.class_map))  # before the checkpoint or any image is read
         path = None if isinstance(self.checkpoint, nn.Module) else self.checkpoint
         _check_paths({"checkpoint": path, "analysis": self.analysis},
                      {"out": self.out, "report": self.report, "journal": self.journal})
@@ -332,9 +334,8 @@ def _read_class_map(path: Path) -> dict[str, int]:
 
 def _class_map(request: TruncateRequest, ckpt: Checkpoint) -> dict[str, int] | None:
     """The class map to number class folders by: the given one, else the one the checkpoint records."""
-    given = request.class_map
-    if given is not None:
-        return _read_class_map(given) if isinstance(given, Path) else dict(given)
+    if isinstance(request.class_map, dict):  # TruncateRequest read a file into one
+        return dict(request.class_map)
     recorded = ckpt.metadata.get("class_map")
     return {str(k): int(v) for k, v in recorded.items()} if isinstance(recorded, dict) and recorded else None
 
