@@ -180,3 +180,23 @@ def test_truncate_auto_ends_with_the_story_of_its_cut(trained, tmp_path, monkeyp
     accuracy = report["accuracy"]
     assert (accuracy["split"], accuracy["images"]) == ("test", 500)
     assert "accuracy test n=500" in result.stdout and "uncut accuracy validation n=500 " in result.stdout
+
+
+def test_the_demo_finishes_and_says_no_certified_cut(tmp_path, monkeypatch):
+    """The demo calls truncate; when nothing is certified (here: a 2-block model trained 32 steps, a 1-point bound,
+    one candidate healed one step) it still finishes, says so, writes its own truncate_report.json for the HTML
+    report, and no truncated.pt."""
+    import isiwatch.cli.demo as demo_module
+
+    tiny = demo_module.DemoSettings(depth=2, epochs=1, lr=3e-3, every_n_steps=16, max_drop=1.0, cut_budget=1,
+                                    screen_steps=1, heal_steps=1, distill=False)
+    monkeypatch.setattr(demo_module, "QUICK", tiny)
+    lines: list[str] = []
+    summary = demo_module.run_demo(tmp_path / "run", quick=True, prometheus_port=None, echo=lines.append,
+                                   progress=False)
+    assert summary["truncation"]["search"]["winner"] is None
+    assert any(line.startswith("no certified cut, nothing written: ") for line in lines)
+    run = tmp_path / "run"
+    assert (run / "truncate_report.json").is_file() and not (run / "truncated.pt").exists()
+    assert not list(run.glob("*.search.jsonl"))
+    assert "no certified cut" in (run / "report" / "report.html").read_text()
