@@ -15,6 +15,7 @@ from isiwatch.io.checkpoint import load_checkpoint, save_checkpoint
 from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
 from isiwatch.truncation.healing import DIGITS_VIT_ARCH, make_digits_vit, train_classifier
 from isiwatch.truncation.truncate import candidates_table, report_table, truncate
+from isiwatch.truncation.truncate_report import no_cut_line
 
 
 def train_small_vit(path: Path, epochs: int) -> Path:
@@ -35,10 +36,12 @@ def main() -> None:
 
     checkpoint = args.checkpoint or train_small_vit(Path(tempfile.mkdtemp()) / "model.pt", args.train_epochs)
     # strategy "auto": start from the recommended depth, heal candidate cuts, keep the cheapest one whose
-    # validation accuracy is within max_drop points of the uncut model's (or the uncut model if none is)
+    # validation accuracy is within max_drop points of the uncut model's; when none is, nothing is written
     result = truncate(checkpoint, args.out, epochs=args.heal_epochs, max_drop=1.0, budget=args.budget)
     print(candidates_table(result.report))
     print(report_table(result.report))
+    if not result.cut:
+        raise SystemExit(no_cut_line(result.report))
 
     # The output is a plain timm model: rebuild it and load the weights strictly.
     saved = load_checkpoint(args.out)

@@ -251,6 +251,9 @@ TRUNCATE = ["truncate", "{tmp}/model.pt", "--out", "{tmp}/o.pt"]
 # status 1 and the flag named (issue 33 #5): numeric options when the command line is parsed, and the paths and the
 # launcher when the command starts.
 EARLY = {
+    "truncate-bad-class-map": (write("classes.json", '{"cat": "zero"}'), [*TRUNCATE, "--class-map",
+                                                                          "{tmp}/classes.json"],
+                               "classes.json: not a JSON object of class folder name to output index"),
     "truncate-max-drop-200": (copy_ckpt, [*TRUNCATE, "--max-drop", "200"],
                               "'--max-drop': 200.0 is not in the range 0<=x<100"),
     "truncate-max-drop-100": (copy_ckpt, [*TRUNCATE, "--max-drop", "100"],

@@ -108,23 +108,3 @@ def test_a_missing_package_is_named_with_what_to_install_not_an_internal_error(c
     assert result.exit_code == 1
     assert result.output == ('Error: this needs the mlflow package, which is not installed: pip install '
                              '"isiwatch[mlflow]"\n'), result.output
-
-
-def test_truncate_auto_ends_with_the_story_of_its_cut(checkpoint, tmp_path, monkeypatch):
-    """After the verdict, `isiwatch truncate` says which blocks went and why, and reconciles the recommended depth
-    with the cut in one sentence, as the demo and the HTML report do (issue 34 #5)."""
-    import json
-
-    from isiwatch.truncation.explain import story_lines
-    from isiwatch.truncation.truncate_report import verdict_line
-
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(main, ["truncate", str(checkpoint), "--out", "t.pt", "--report", "r.json",
-                                       "--max-drop", "5", "--budget", "1", "--heal-steps", "2", "--screen-steps", "1",
-                                       "--images", "64", "--device", "cpu"])
-    assert result.exit_code == 0, result.output
-    report = json.loads((tmp_path / "r.json").read_text())
-    story = story_lines(report)
-    assert story and story[-1].startswith(f"recommended depth {report['recommendation']['depth']} of 2")
-    lines = result.stdout.splitlines()
-    assert lines[lines.index(verdict_line(report)) + 1:][:len(story)] == story

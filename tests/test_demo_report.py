@@ -113,7 +113,7 @@ def test_quick_demo_writes_the_run_directory(demo_run):
     assert [json.loads(s)["step"] for s in samples] == list(range(QUICK.every_n_steps, steps + 1, QUICK.every_n_steps))
     assert all(1 <= json.loads(s)["recommendation"]["depth"] <= QUICK.depth for s in samples)
     assert "recommended depth at the last sample" in (out / "report" / "report.html").read_text()
-    assert "phases (token_similarity)" in output and "held-out accuracy" in output
+    assert "phases (token_similarity)" in output and "accuracy validation n=500 " in output
     report = json.loads((out / "truncate_report.json").read_text())
     search = report["search"]
     # a real cut, certified within the bound the demo states, trained far enough for the cut to mean something
@@ -122,12 +122,15 @@ def test_quick_demo_writes_the_run_directory(demo_run):
     assert f"cut to {len(report['kept_blocks'])} of {QUICK.depth} blocks" in output
     lines = output.splitlines()
     assert lines[lines.index(verdict_line(report)) + 1:][:len(story_lines(report))] == story_lines(report)
-    assert f"recommended depth {analysis['recommendation']['depth']} of {QUICK.depth} vs cut to " in output
+    assert f"recommended: {analysis['recommendation']['depth']} of {QUICK.depth} blocks (" in output
     assert ": a signal from one analysis pass of the trained (uncut) model, no healing; truncate checks" in output
-    assert "held-out digits (truncate below halves them into validation and test images)" in output
+    assert "(the held-out digits halved, as truncate scores them below)" in output
+    # one uncut accuracy per split: the demo's figures are the ones truncate's tables show
+    assert f"uncut accuracy validation n=500 {search['uncut_validation_accuracy']:.3f}" in output
+    assert f"accuracy validation n=500 {search['uncut_validation_accuracy']:.3f}, test n=500 " in output
     certifiable = output.index(f"auto: {search['validation_images']} validation images; a cut that changes no "
                                "prediction needs ")
-    assert certifiable < output.index("uncut validation accuracy")  # said before the search, as truncate says it
+    assert certifiable < output.index("uncut accuracy validation n=")  # said before the search, as truncate says it
     full = search["full_heal"]
     judged = full if full and full["qualifies"] else search["winner"]  # the model kept
     assert judged["validation_drop"]["upper_bound_points"] <= QUICK.max_drop

@@ -294,7 +294,9 @@ def test_plateau_cut_from_analysis_json_heals_on_an_image_folder(vit, folder, tm
     loaded = load_checkpoint(tmp_path / "cut.safetensors")
     assert loaded.metadata["kept_blocks"] == [0, 1, 2, 6, 7] and loaded.model_kwargs["depth"] == 5
     assert len(build_model(loaded).blocks) == 5
-    assert json.loads((tmp_path / "r.json").read_text())["accuracy"].keys() == {"uncut", "cut", "healed"}
+    accuracy = json.loads((tmp_path / "r.json").read_text())["accuracy"]
+    assert accuracy.keys() == {"split", "images", "uncut", "cut", "healed"}
+    assert (accuracy["split"], accuracy["images"]) == ("validation+test", 8)  # labelled with its split and size
 
     bad = {**analysis, "layers": analysis["layers"][:6]}
     (tmp_path / "bad.json").write_text(json.dumps(bad))

@@ -95,7 +95,7 @@ def test_cli_auto_is_the_default_and_prints_every_candidate(idle_ckpt, tmp_path)
     result = CliRunner().invoke(main, ["truncate", str(idle_ckpt), "--out", str(out), "--epochs", "0",
                                        "--budget", "2", "--images", "200", "--max-drop", "3"])
     assert result.exit_code == 0, result.output
-    assert "uncut validation accuracy" in result.output and "upper 95 % confidence bound" in result.output
+    assert "uncut accuracy validation n=" in result.output and "upper 95 % confidence bound" in result.output
     assert "(auto: bi)" in result.output and out.exists()
     assert "cut to 4 of 7 blocks (bi, as cut, not healed)" in result.output  # the 3 identity blocks
     assert "no healing (0 steps): cuts only" in result.output  # --epochs 0: no healed duplicates
@@ -137,7 +137,7 @@ def test_the_defaults_cut_the_identity_blocks_of_a_padded_model(four_blocks, tmp
     lines = result.output.splitlines()
     said = lines.index("auto: 500 validation images; a cut that changes no prediction needs 477 to be certified "
                        "within 1 point at 95 % confidence")
-    assert said < next(i for i, line in enumerate(lines) if line.startswith("uncut validation accuracy"))
+    assert said < next(i for i, line in enumerate(lines) if line.startswith("uncut accuracy validation n="))
     as_cut = [line.split() for line in lines if line.split()[:1] == ["bi"] and line.split()[3] == "0"]
     assert [row[1] for row in as_cut[:4]] == ["7", "6", "5", "4"]
     assert all(row[6] == "0.00" and row[-1] in ("ok", "winner") for row in as_cut[:4])  # certified, no drop
@@ -203,7 +203,7 @@ def test_an_interrupted_search_resumes_without_healing_its_finished_candidates(i
         assert resumed[key] == reference[key]
 
     def scored(report):
-        return [{k: v for k, v in c.items() if k not in ("resumed", "latency_ms")}
+        return [{k: v for k, v in c.items() if k not in ("resumed", "latency_ms", "latency_quartiles_ms")}
                 for c in report["search"]["candidates"]]
     assert scored(resumed) == scored(reference)
 

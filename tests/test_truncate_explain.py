@@ -39,13 +39,18 @@ DEMO = report(12, [4, 7, 8], [candidate(11, 0.2, 1.9, True), candidate(10, 0.8, 
 
 
 def test_the_demo_of_the_issue_reads_as_one_story():
+    """Issue 40: the recommended depth, the phases and the cut in short lines, one fact each, in the analysis's
+    phase words, not one long sentence."""
     story = depth_story(DEMO)
-    assert story.startswith("recommended depth 12 of 12 vs cut to 9 of 12: the recommendation is a signal from one "
-                            "analysis pass of the uncut model (block_influence_0.2), with no healing and no accuracy "
-                            "measured; the cut is the fewest blocks, of the cuts tested, whose validation accuracy "
-                            "after its full heal (64 steps) stays within 5 points of the uncut model's at 95 % "
-                            "confidence (upper bound 2.34 points); they differ because healing lets the kept blocks "
-                            "take over")
+    assert story == [
+        "recommended: 12 of 12 blocks (block_influence_0.2, one analysis pass of the uncut model; no accuracy "
+        "measured)",
+        "phases (token_similarity): Cliff blocks 0–5, plateau blocks 6–8, Climb blocks 9–11",
+        "cut: 9 of 12 blocks (dropped 4, 7, 8), the fewest certified of the cuts tested",
+        "certified: validation drop within 5 points at 95 % confidence (upper bound 2.34) after its full heal (64 "
+        "steps)",
+        "why they differ: one analysis pass cannot see what healing recovers; the search measured real cuts"]
+    assert all(len(line) <= 120 for line in story)
     assert dropped_line(DEMO) == (
         "dropped blocks 4, 7, 8 by bi (ShortGPT block influence: drop the blocks that turn their input least, "
         "measured on the uncut model's healing images); the token_similarity plateau (blocks 6–8) is another signal, "
@@ -53,7 +58,7 @@ def test_the_demo_of_the_issue_reads_as_one_story():
     assert figures_line(DEMO) == (
         "figures: the healed candidate rows are screening heals (16 steps); the winner was then healed afresh in full "
         "(64 steps, kept): drop -0.20, upper bound 2.34 points, against 1.20 and 3.95 on its screening row")
-    assert story_lines(DEMO) == [dropped_line(DEMO), figures_line(DEMO), story]
+    assert story_lines(DEMO) == [*story, dropped_line(DEMO), figures_line(DEMO)]
 
 
 def test_a_cut_deeper_than_recommended_names_where_the_search_stopped():
@@ -62,31 +67,28 @@ def test_a_cut_deeper_than_recommended_names_where_the_search_stopped():
                            candidate(3, 4.4, 8.54, False, chain="cut"), candidate(5, 0.1, 1.5, True),
                            candidate(4, 1.4, 4.95, True), candidate(3, 2.8, 6.65, False)], depth=6, plateau=None)
     story = depth_story(r)
-    assert "vs cut to 4 of 6" in story and "as cut, without healing" in story
-    assert story.endswith("they differ because no cut to fewer than 4 blocks was certified: the first that failed, "
-                          "keeping 3 (as cut), had an upper bound of 8.54 points > 5")
+    assert story[1].startswith("cut: 4 of 6 blocks") and story[2].endswith("as cut, without healing")
+    assert story[-1] == ("why they differ: no cut to fewer than 4 blocks was certified: the first that failed, "
+                         "keeping 3 (as cut), had an upper bound of 8.54 points > 5")
     assert figures_line(r) is None  # no full heal: every figure is the winner's own row
     assert dropped_line(r).endswith("healing images)")  # no plateau to compare with
 
 
 @pytest.mark.parametrize("dropped, agree", [([4, 5], "they agree"),
                                             ([1, 5], "they agree on the depth, not on the blocks (recommended to drop "
-                                                     "4, 5, dropped 1, 5)")])
+                                                     "4, 5)")])
 def test_the_same_depth_agrees_and_says_when_the_blocks_differ(dropped, agree):
     r = report(4, dropped, [candidate(5, 0.1, 1.0, True), candidate(4, 0.5, 2.0, True, winner=True, steps=64),
                             candidate(3, 6.0, 9.0, False)], depth=6, plateau=None)
     story = depth_story(r)
-    assert story.endswith(f"; {agree}")
-    assert "after its screening heal (64 steps, as many as a full heal)" in story
+    assert story[-1] == agree
+    assert story[-2].endswith("after its screening heal (64 steps, as many as a full heal)")
 
 
 def test_no_cut_and_a_fixed_strategy():
     r = report(9, [], [candidate(11, 6.0, 9.0, False)])
-    assert depth_story(r) == (
-        "recommended depth 9 of 12, no cut: the recommendation is a signal from one analysis pass of the uncut model "
-        "(block_influence_0.2), with no healing and no accuracy measured; no cut was certified, so all 12 blocks are "
-        "kept; they differ because no real cut passed the bound on the validation images (the verdict names the "
-        "closest)")
+    assert depth_story(r)[2:] == ["cut: none certified, so all 12 blocks stay and nothing is written",
+                                  "why they differ: no real cut passed the bound on the validation images"]
     assert dropped_line(r) is None and figures_line(r) is None
     fixed = {**DEMO, "strategy": "tail", "search": None}
     assert depth_story(fixed) is None and figures_line(fixed) is None

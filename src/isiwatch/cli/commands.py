@@ -395,8 +395,13 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
     STRATEGIES,
 )
 
+#: Exit status of ``isiwatch truncate`` when ``auto`` certified no cut (nothing written); bad input exits 1.
+NO_CERTIFIED_CUT = 3
 
-@main.command()
+
+@main.command(epilog=f"Exit status: 0 a cut was written; 1 bad input or an error (one line, nothing written); "
+                     f"{NO_CERTIFIED_CUT} auto certified no cut (nothing written; the last line says what --max-drop "
+                     "or how many validation images would certify the nearest candidate).")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Where to write the truncated checkpoint (a new directory for a Hugging Face model).")
@@ -418,6 +423,12 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
               help="With --dataset: the split that heals.")
 @click.option("--val-split", default="validation", show_default=True, metavar="SPLIT",
               help="With --dataset: the split validated and tested on.")
+@click.option("--class-map", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="JSON object of class folder name to model output index (or a JSON list of the names in output "
+                   "order) [default: the checkpoint's recorded map, else numeric folder names as indices, else "
+                   "timm's sorted-name numbering]. auto stops before any healing when the uncut model is not above "
+                   "chance on the validation images (one-sided exact test at --confidence): labels that do not "
+                   "match.")
 @click.option("--strategy", type=click.Choice(("auto", *STRATEGIES)),
               help=f"Which blocks to drop [default: auto; {DEFAULT_STRATEGY} with --keep]. auto: the cheapest "
                    "healed cut within --max-drop; "
@@ -480,8 +491,8 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
                    "alike on any number of processes.")
 @WORKERS
 def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval_data: str | None, dataset: str | None,
-             train_split: str, val_split: str, strategy: str | None, keep: int | None, max_drop: float,
-             confidence: float, budget: int, train_last: int | None, epochs: int,
+             train_split: str, val_split: str, class_map: Path | None, strategy: str | None, keep: int | None,
+             max_drop: float, confidence: float, budget: int, train_last: int | None, epochs: int,
              heal_steps: int | None, screen_steps: int | None, resume: bool, lr: float, distill: bool,
              metric: str | None, images: int, fmt: str, report: Path | None, arch: str | None,
              num_heads: int | None, no_ema: bool, seed: int, mean: tuple[float, ...] | None,
@@ -509,7 +520,7 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     from ..truncation.explain import story_lines
     from ..truncation.journal import journal_path
     from ..truncation.truncate import candidates_table, report_table, truncate
-    from ..truncation.truncate_report import verdict_line
+    from ..truncation.truncate_report import no_cut_line, verdict_line
 
     heal_data: Data = data if dataset is None else TimmDataset(dataset, data, train_split)
     evaluation: Data | None = eval_data if dataset is None else TimmDataset(dataset, eval_data or data, val_split)
@@ -522,7 +533,7 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
                           prefer_ema=not no_ema, mean=mean, std=std, device=_device(device), seed=seed,
                           progress=_progress(progress), devices=devices, num_nodes=num_nodes,
                           dist_strategy=dist_strategy, precision=precision, batch_size=batch_size, workers=workers,
-                          echo=click.echo)
+                          echo=click.echo, class_map=class_map)
     except OptionError as exc:  # worded with this command's flags (--keep K), not Python's parameters (keep=K)
         raise click.ClickException(exc.worded({p.name: p.opts[0] for p in ctx.command.params if p.name})) from None
     if not result.writer:  # another process of a distributed run prints and writes
@@ -540,7 +551,11 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     for path in result.paths:
         click.echo(_wrote(path, existing))
     if result.report.get("validate_command"):
-        click.echo(f"evaluate it with timm: {result.report['validate_command']}")
+        click.echo("evaluate it with timm's validate.py (in timm's source repository, not its wheel: git clone "
+                   f"https://github.com/huggingface/pytorch-image-models): {result.report['validate_command']}")
+    if not result.cut:
+        click.echo(no_cut_line(result.report))
+        ctx.exit(NO_CERTIFIED_CUT)
 
 
 @main.command()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from tqdm.auto import tqdm
 
+from .._utils.files import write_json
 from ..io.checkpoint import save_checkpoint, sha256_of
 from ..io.data import DIGITS_TRAIN, embedded_digits
 from ..measure.analysis import analyze
@@ -31,7 +32,7 @@ from ..truncation.explain import story_lines
 from ..truncation.healing import DIGITS_VIT_ARCH, accuracy, make_digits_vit, train_classifier
 from ..truncation.strategies import DEFAULT_CONFIDENCE
 from ..truncation.truncate import candidates_table, report_table, truncate
-from ..truncation.truncate_report import verdict_line
+from ..truncation.truncate_report import no_cut_line, verdict_line
 from ..watch.config import load_yaml
 from ..watch.log_folder import holder
 from ..watch.monitor import Watch
@@ -223,12 +224,15 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
         train_seconds = time.perf_counter() - start
         clock.seconds["training"] = train_seconds - clock.seconds["watch"]  # the optimizer steps alone
         with clock.phase("evaluation"):
-            acc = accuracy(model, test_x, test_y)
+            half = len(test_y) // 2  # truncate's validation and test images below: the held-out digits halved
+            val_acc, test_acc = (accuracy(model, test_x[:half], test_y[:half]),
+                                 accuracy(model, test_x[half:], test_y[half:]))
+            acc = (val_acc * half + test_acc * (len(test_y) - half)) / len(test_y)
             ckpt = save_checkpoint(out / "model.pt", DIGITS_VIT_ARCH, kwargs, model.state_dict(),
                                    metadata={"held_out_accuracy": acc, "steps": steps})
         echo(f"trained {steps} steps in {train_seconds:.1f} s ({samples} samples, {clock.seconds['watch']:.1f} s of "
-             f"it the Watch's); held-out accuracy {acc:.3f} on the {len(test_y)} held-out digits (truncate below "
-             "halves them into validation and test images)"
+             f"it the Watch's); accuracy validation n={half} {val_acc:.3f}, test n={len(test_y) - half} "
+             f"{test_acc:.3f} (the held-out digits halved, as truncate scores them below)"
              + (f"; stopped early: {stop_reason}" if stop_reason else ""))
 
         with clock.phase("analysis"):
@@ -260,10 +264,13 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
         echo(verdict_line(truncated.report))
         for line in story_lines(truncated.report):
             echo(line)
+        if not truncated.cut:  # truncate wrote nothing; the run's record of why is the demo's own
+            echo(str(no_cut_line(truncated.report)))
+            write_json(out / "truncate_report.json", truncated.report)
         with clock.phase("report"):
             report_paths = write_report(out, out / "report")
         echo(f"wrote {out}/: model.pt, analysis.json, curves.png, metrics.jsonl, alerts.jsonl, TensorBoard events, "
-             f"truncated.pt, truncate_report.json, {report_paths[-1].relative_to(out)}")
+             f"{'truncated.pt, ' if truncated.cut else ''}truncate_report.json, {report_paths[-1].relative_to(out)}")
         if exporter:
             _serve(exporter, serve, echo)
     finally:

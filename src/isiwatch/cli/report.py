@@ -27,7 +27,7 @@ from ..measure.plots import plot_curves, plot_heatmaps, plot_plateau_timeline
 from ..measure.tables import analysis_rows, recommendation_text
 from ..truncation.explain import depth_story, dropped_line, figures_line, judged
 from ..truncation.strategies import STRATEGIES
-from ..truncation.truncate_report import report_rows, verdict_line
+from ..truncation.truncate_report import latency_cell, no_cut_line, report_rows, verdict_line
 
 
 @dataclass
@@ -319,10 +319,11 @@ CANDIDATE_COLUMNS = (("tested", "chain"), ("strategy", "strategy"), ("blocks", "
                      ("heal steps", "healing_steps"), ("images", "validation_drop.images"),
                      ("val cut", "validation_accuracy.cut"), ("val healed", "validation_accuracy.healed"),
                      ("drop", "validation_drop.points"), ("upper bound", "validation_drop.upper_bound_points"),
-                     ("params", "parameters"), ("MFLOPs/img", "flops_per_image"), ("latency ms", "latency_ms"))
+                     ("params", "parameters"), ("MFLOPs/img", "flops_per_image"), ("latency ms (IQR)", "latency_ms"))
 #: What the ``tested`` column says for each sequence of the search.
 TESTED = {"cut": "as cut", "healed": "screening heal"}
-KNOWN_CANDIDATE_FIELDS = {key.split(".")[0] for _, key in CANDIDATE_COLUMNS} | {"qualifies", "winner", "resumed"}
+KNOWN_CANDIDATE_FIELDS = {key.split(".")[0] for _, key in CANDIDATE_COLUMNS} | {
+    "qualifies", "winner", "resumed", "latency_quartiles_ms", "latency_batch"}
 
 
 def _field(record: dict[str, Any], dotted: str) -> object:
@@ -352,8 +353,8 @@ def _rule_caption(search: dict[str, Any]) -> str:
     parts = []
     if _number(search.get("uncut_validation_accuracy")):
         images = search.get("validation_images")
-        parts.append(f"uncut validation accuracy {search['uncut_validation_accuracy']:.3f}"
-                     + (f" on {images} images" if images else ""))
+        parts.append("uncut accuracy validation" + (f" n={images}" if images else "")
+                     + f" {search['uncut_validation_accuracy']:.3f} (the val columns: the same images)")
     if _number(search.get("max_drop")):
         points = f"{search['max_drop']:g} point{'' if search['max_drop'] == 1 else 's'}"
         confidence = search.get("confidence") or 0
@@ -407,9 +408,13 @@ def _candidates(report: dict[str, Any]) -> str:
     rows = [[_cell(key, _field(c, key)) for _, key in columns] + [_cell(k, c.get(k)) for k in extra]
             + ["winner" if c.get("winner") else "within the bound" if c.get("qualifies") else "outside the bound"]
             for c in candidates]
+    if "latency_ms" in (key for _, key in columns):  # the median with its spread, as the terminal shows it
+        at = [key for _, key in columns].index("latency_ms")
+        for row, c in zip(rows, candidates, strict=True):
+            row[at] = latency_cell(c) if _number(c.get("latency_ms")) else row[at]
     if rows and (final := _full_heal_row(search, columns)) is not None:
         rows.append(final[:len(columns)] + ["–"] * len(extra) + final[len(columns):])
-    after = [line for line in (figures_line(report), _verdict(report)) if line]
+    after = [line for line in (figures_line(report), _verdict(report), no_cut_line(report)) if line]
     return (f"<p>{html.escape(_rule_caption(search))}</p>" + (_table(header, rows) if rows else "<p>No candidates.</p>")
             + "".join(f"<p>{html.escape(line)}</p>" for line in after))
 
@@ -419,7 +424,7 @@ def _truncation_table(report: dict[str, Any]) -> str:
     figures = judged(report["search"]) if isinstance(report.get("search"), dict) else None
     caption = (f"strategy {report['strategy']}, kept blocks {report['kept_blocks']}, "
                f"{steps} healing step{'' if steps == 1 else 's'}" + (f" ({figures[1]})" if figures else ""))
-    parts = [f'<p class="story">{html.escape(story)}</p>' for story in (depth_story(report),) if story]
+    parts = [f'<p class="story">{html.escape(line)}</p>' for line in depth_story(report) or []]
     parts += [f"<p>{html.escape(caption)}</p>", _table(*report_rows(report))]
     if (dropped := dropped_line(report)) is not None:
         parts.append(f"<p>{html.escape(dropped)}</p>")
@@ -429,9 +434,11 @@ def _truncation_table(report: dict[str, Any]) -> str:
     held_out = {"test": "the test images, which the search never saw"}.get(str(report.get("evaluated_on")),
                                                                             "the held-out images")
     parts.append(f"<p>Strategies: auto: the cheapest cut within the bound; {html.escape(strategies)}. "
-                 "Columns: blocks kept, parameters, forward MFLOPs per image, latency per batch, accuracy on "
-                 f"{html.escape(held_out)} and agreement of the top-1 prediction with the uncut model; val: "
-                 "validation accuracy.</p>")
+                 "Columns: blocks kept, parameters, forward MFLOPs per image and their ratio to the uncut model's "
+                 "(the primary costs), latency per batch (median and interquartile range of interleaved repeats; "
+                 "a wall speed-up only when the ranges are apart), accuracy on "
+                 f"{html.escape(held_out)} (split and size in its header) and agreement of the top-1 prediction "
+                 "with the uncut model; val: validation accuracy.</p>")
     return "".join(parts)
 
 

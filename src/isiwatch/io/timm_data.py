@@ -269,6 +269,20 @@ class TimmSource(ImageSource):
     def labels(self) -> Tensor:
         return self._labels
 
+    def relabel(self, mapping: Mapping[str, int]) -> None:
+        """Number the classes as ``mapping`` (class name → model output) says instead of by the reader's sorted
+        names; refused in one line naming a class ``mapping`` lacks."""
+        assert self.classes is not None  # only a reader that names its classes is relabelled
+        missing = sorted(set(self.classes) - set(mapping))
+        if missing:
+            raise DataError(f"{self.name}: class {missing[0]!r} has no output index in the class map "
+                            f"({len(missing)} of its {len(self.classes)} classes missing)")
+        lookup = torch.zeros(max(self.classes.values()) + 1, dtype=torch.long)
+        for name, label in self.classes.items():
+            lookup[label] = int(mapping[name])
+        self._labels = lookup[self._labels]
+        self.classes = {name: int(mapping[name]) for name in self.classes}
+
     def _filename(self, index: int) -> str:
         """How an error names image ``index``: its file where the reader records one."""
         if self.reader is not None:

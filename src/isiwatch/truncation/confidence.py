@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AcceptanceRule", "PairedDrop", "SearchGuarantee", "upper_bound"]
+__all__ = ["AcceptanceRule", "PairedDrop", "SearchGuarantee", "above_chance", "upper_bound"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,12 @@ def upper_bound(pair: PairedDrop, alpha: float) -> float:
             - _clopper_pearson_lower(pair.cut_only, pair.images, alpha / 2))
 
 
+def above_chance(correct: int, images: int, chance: float, alpha: float) -> bool:
+    """Whether ``correct`` of ``images`` is significantly above the accuracy ``chance`` (a fraction): the
+    one-sided exact (Clopper–Pearson) test at level ``alpha``, its lower bound above ``chance``."""
+    return _clopper_pearson_lower(correct, images, alpha) > chance
+
+
 @dataclass(frozen=True)
 class AcceptanceRule:
     """A candidate qualifies when the upper bound of its drop at error level ``alpha`` is at most ``max_drop``
@@ -126,6 +132,27 @@ class AcceptanceRule:
         while not self.qualifies(PairedDrop(n, 0, 0)):
             n += 1
         return n
+
+    def images_to_qualify(self, pair: PairedDrop) -> int | None:
+        """The fewest validation images on which a cut with ``pair``'s rates of discordant images (the same
+        share right only uncut, the same share right only cut) would qualify: what would certify a candidate
+        that fell short; None when no number does (its observed drop is not below ``max_drop``)."""
+        if self.qualifies(pair):
+            return pair.images
+        if self.alpha >= 1 or 100 * pair.drop >= self.max_drop:
+            return None
+        a, b = pair.uncut_only / pair.images, pair.cut_only / pair.images
+
+        def ok(n: int) -> bool:
+            return self.qualifies(PairedDrop(n, round(a * n), round(b * n)))
+
+        low, high = pair.images, 2 * pair.images
+        while not ok(high):  # the bound shrinks towards the observed drop, which is below max_drop
+            low, high = high, 2 * high
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (low, mid) if ok(mid) else (mid, high)
+        return high
 
     def to_dict(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "images_needed": self.images_needed()}

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ..measure.flops import count_flops
+from .classifier_layout import block_list
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -52,15 +54,33 @@ def measure_latency(models: Mapping[str, nn.Module], images: Tensor, *, warmup: 
             for name, values in latency_samples(models, images, warmup=warmup, rounds=rounds).items()}
 
 
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """The first and third quartiles of a latency sample: the spread a difference must clear."""
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return q[0], q[2]
+
+
+def separated(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two interquartile ranges (low, high) do not overlap: a latency difference beyond the noise."""
+    return a[1] < b[0] or b[1] < a[0]
+
+
 def differs(a: list[float], b: list[float]) -> bool:
     """Whether two latency samples differ by more than their noise: their interquartile ranges do not
     overlap (a difference within them is not shown as one)."""
-    def quartiles(values: list[float]) -> tuple[float, float]:
-        q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
-        return q[0], q[2]
+    return separated(quartiles(a), quartiles(b))
 
-    (a_low, a_high), (b_low, b_high) = quartiles(a), quartiles(b)
-    return a_high < b_low or b_high < a_low
+
+def model_costs(models: Mapping[str, nn.Module], images: Tensor, *, rounds: int = 20) -> dict[str, dict[str, Any]]:
+    """Each model's cost, measured once for a run so every table shows the same figures: ``blocks``,
+    ``parameters``, ``flops_per_image`` (the primary figures: they do not vary between runs), and the wall time of
+    a forward over ``images`` from ``rounds`` interleaved repeats (`latency_samples`): ``latency_ms`` (median) and
+    ``latency_quartiles_ms`` (first and third quartiles, the spread a speed-up must clear)."""
+    times = latency_samples(models, images, rounds=rounds)
+    return {name: {"blocks": len(block_list(m)), "parameters": count_parameters(m),
+                   "flops_per_image": forward_flops(m, images[:1]), "latency_ms": statistics.median(times[name]),
+                   "latency_quartiles_ms": list(quartiles(times[name]))}
+            for name, m in models.items()}
 
 
 @torch.no_grad()

@@ -21,6 +21,7 @@ from ..io.timm_data import (
     Images,
     ImageSource,
     TimmDataset,
+    TimmSource,
     image_source,
     loader,
     resolve_data_config,
@@ -64,6 +65,9 @@ class Split:
     #: Images per batch: ``{"per_process", "processes", "global"}`` (the global batch is the one asked for, split
     #: over the processes, so several devices heal as one does).
     batch: dict[str, int] = field(default_factory=dict)
+    #: How class names became the model's outputs (`number_classes`): ``{"numbering": how, "classes": {name:
+    #: output}}``; empty for images without class names (the digits, tensors, a DataLoader).
+    labels: dict[str, Any] = field(default_factory=dict)
 
     @property
     def held_out(self) -> tuple[DataLoader[Any] | ShardedLoader, Tensor]:
@@ -155,6 +159,32 @@ def _check_same_classes(heal: _Part, held: _Part, heal_source: str, eval_source:
                     "match")
 
 
+def number_classes(classes: dict[str, int], class_map: dict[str, int] | None) -> tuple[dict[str, int] | None, str]:
+    """How the classes a reader names (``classes``: name → its sorted-name label) map to the model's outputs,
+    and what the mapping is: ``class_map`` when there is one (given, or recorded in the checkpoint), else each
+    class's number when every name is a decimal number, else None: timm's numbering by sorted names, as its
+    ``train.py`` numbered them (the uncut model's accuracy then shows whether it matches)."""
+    if class_map is not None:
+        return class_map, "class map"
+    if all(name.isdecimal() for name in classes):
+        return {name: int(name) for name in classes}, "numeric folder names as indices"
+    return None, "sorted folder names (timm's numbering)"
+
+
+def _relabel(parts: list[_Part], class_map: dict[str, int] | None) -> dict[str, Any]:
+    """Number the classes of every named source in ``parts`` as `number_classes` says; the record of it."""
+    record: dict[str, Any] = {}
+    sources = {id(p.eval.source): p.eval.source for p in parts if isinstance(p.eval, Images)}
+    for source in sources.values():
+        if not isinstance(source, TimmSource) or source.classes is None:
+            continue
+        mapping, how = number_classes(source.classes, class_map)
+        if mapping is not None:
+            source.relabel(mapping)
+        record = {"numbering": how, "classes": dict(source.classes)}
+    return record
+
+
 def _holdout_cut(count: int, name: str) -> int:
     if count < 3:
         raise DataError(f"{name}: need at least 3 images to heal, validate and test, found {count}")
@@ -163,7 +193,7 @@ def _holdout_cut(count: int, name: str) -> int:
 
 def load_split(model: nn.Module, data: Data, eval_data: Data | None = None, config: DataConfig | None = None, *,
                batch_size: int = DEFAULT_BATCH_SIZE, workers: int = DEFAULT_WORKERS, seed: int = 0,
-               fabric: Fabric | None = None) -> Split:
+               fabric: Fabric | None = None, class_map: dict[str, int] | None = None) -> Split:
     """Healing, validation and test images; those read from a name or a folder are preprocessed as ``config``
     says (default: `resolve_data_config` of the model alone), tensors and
     DataLoaders are taken as they are (model-ready; a DataLoader's batch size and workers are kept).
@@ -173,7 +203,8 @@ def load_split(model: nn.Module, data: Data, eval_data: Data | None = None, conf
     validation and test: a folder split would measure "held-out" accuracy on training images. Otherwise one
     source is split: 'mnist' as the demo does (4,000 healing / 1,000 held-out digits), a folder, tensors or a
     DataLoader by holding out their last HELD_OUT_FRACTION; the held-out images are halved into validation and
-    test. With ``fabric`` every loader is set up by it (each process reads a shard).
+    test. With ``fabric`` every loader is set up by it (each process reads a shard). Class folders are numbered
+    as `number_classes` says (``class_map``: class name → model output).
     """
     if config is None and isinstance(data, NAMED):
         config = resolve_data_config(model, str(data))
@@ -193,6 +224,7 @@ def load_split(model: nn.Module, data: Data, eval_data: Data | None = None, conf
     if classes == 0:
         raise DataError(f"{type(model).__name__} has no classification head to heal and score a cut with "
                         "(use a classifier, e.g. ViTForImageClassification)")
+    labels = _relabel([heal, held], class_map)
     heal_y, eval_y = dataset_labels(heal.eval), dataset_labels(held.eval)
     for source, y in ((heal_source, heal_y), (eval_source or heal_source, eval_y)):
         if int(y.max()) >= classes:
@@ -223,5 +255,5 @@ def load_split(model: nn.Module, data: Data, eval_data: Data | None = None, conf
     probe = loader(heal.eval, batch_size=size, workers=min(threads, 1))
     return Split(stream(heal.train, shuffle), heal_y, stream(val), eval_y[:half], stream(test), eval_y[half:],
                  stream(held.eval), probe, record, {"per_process": size, "processes": processes,
-                                                    "global": size * processes})
+                                                    "global": size * processes}, labels)
 

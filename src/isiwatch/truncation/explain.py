@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..measure.phases import plateau_name
 from .strategies import STRATEGIES
 
 __all__ = ["depth_story", "dropped_line", "figures_line", "judged", "story_lines"]
@@ -35,48 +36,61 @@ def judged(search: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
 
 
 def _validated(search: dict[str, Any], record: dict[str, Any], kind: str) -> str:
-    """What the cut means: the fewest blocks whose validation drop (``record``'s, a ``kind`` of `judged`) passed
-    the rule."""
+    """How the cut was certified: its validation drop (``record``'s, a ``kind`` of `judged`) against the rule."""
     steps = record.get("healing_steps", 0)
     whole = "" if steps < search.get("heal_steps", steps + 1) else ", as many as a full heal"
     how = {"full heal": f"after its full heal ({steps} steps)", "as cut": "as cut, without healing",
            "screening heal": f"after its screening heal ({steps} steps{whole})"}[kind]
     drop, confidence = record["validation_drop"], search.get("confidence") or 0
-    bound = (f"at {100 * confidence:g} % confidence (upper bound {drop['upper_bound_points']:.2f} points)"
-             if confidence else f"(observed drop {drop['points']:.2f} points, a point estimate)")
-    return (f"the fewest blocks, of the cuts tested, whose validation accuracy {how} stays within "
-            f"{_points(search['max_drop'])} of the uncut model's {bound}")
+    bound = (f"at {100 * confidence:g} % confidence (upper bound {drop['upper_bound_points']:.2f})"
+             if confidence else f"(observed {drop['points']:.2f}, a point estimate)")
+    return f"validation drop within {_points(search['max_drop'])} {bound} {how}"
 
 
-def depth_story(report: dict[str, Any]) -> str | None:
-    """One sentence that reconciles the recommended depth with the ``auto`` cut: what each means and, when they
-    differ, why. None for a fixed strategy or a report without a recommendation."""
+def _phases_line(report: dict[str, Any]) -> str | None:
+    """The analysis's phases of the uncut model, in its own words (Cliff, plateau or slow start, Climb)."""
+    phases = report.get("phases")
+    if not isinstance(phases, dict) or not phases.get("plateau"):
+        return None
+    plateau = phases["plateau"]
+    parts = [f"Cliff blocks {phases['cliff'][0]}–{phases['cliff'][1]}" if phases.get("cliff") else "",
+             f"{plateau_name((plateau[0], plateau[1]))} blocks {plateau[0]}–{plateau[1]}",
+             f"Climb blocks {phases['climb'][0]}–{phases['climb'][1]}" if phases.get("climb") else ""]
+    return f"phases ({report.get('metric', 'analysis')}): " + ", ".join(p for p in parts if p)
+
+
+def depth_story(report: dict[str, Any]) -> list[str] | None:
+    """The recommended depth, the phases and the ``auto`` cut as a few short lines, one fact each: what the
+    recommendation is, where the phases lie, what was cut and how it was certified, and why the depths agree or
+    differ. None for a fixed strategy or a report without a recommendation."""
     search, recommendation = report.get("search"), report.get("recommendation")
     if not isinstance(search, dict) or not isinstance(recommendation, dict):
         return None
     depth, recommended = recommendation["source_depth"], recommendation["depth"]
-    signal = (f"the recommendation is a signal from one analysis pass of the uncut model "
-              f"({recommendation['signal']}), with no healing and no accuracy measured")
+    lines = [f"recommended: {recommended} of {depth} blocks ({recommendation['signal']}, one analysis pass of the "
+             "uncut model; no accuracy measured)"]
+    lines += [line for line in (_phases_line(report),) if line]
     figures = judged(search)
     if figures is None:
-        why = ("they agree" if recommended == depth else "they differ because no real cut passed the bound on the "
-               "validation images (the verdict names the closest)")
-        return (f"recommended depth {recommended} of {depth}, no cut: {signal}; no cut was certified, so all {depth} "
-                f"blocks are kept; {why}")
-    kept = len(report["kept_blocks"])
+        lines.append(f"cut: none certified, so all {depth} blocks stay and nothing is written")
+        if recommended < depth:
+            lines.append("why they differ: no real cut passed the bound on the validation images")
+        return lines
+    kept, dropped = len(report["kept_blocks"]), report.get("dropped_blocks", [])
+    lines += [f"cut: {kept} of {depth} blocks (dropped {_blocks(dropped)}), the fewest certified of the cuts tested",
+              f"certified: {_validated(search, *figures)}"]
     if kept < recommended:
-        healing = "healing lets the kept blocks take over from the dropped ones and " if figures[1] != "as cut" else ""
-        why = (f"they differ because {healing}the search measures what real cuts lose against the "
-               f"{_points(search['max_drop'])} allowed, which one analysis pass cannot see")
+        lines.append("why they differ: " + ("one analysis pass cannot see what healing recovers; the search "
+                                            "measured real cuts" if figures[1] != "as cut" else
+                                            "the search measured what real cuts lose, which one analysis pass "
+                                            "cannot see"))
     elif kept > recommended:
-        why = f"they differ because no cut to fewer than {kept} blocks was certified{_first_failure(search, kept)}"
+        lines.append(f"why they differ: no cut to fewer than {kept} blocks was certified{_first_failure(search, kept)}")
     else:
-        dropped, wanted = report.get("dropped_blocks", []), recommendation["blocks_to_drop"]
-        why = "they agree" + ("" if sorted(dropped) == sorted(wanted) else
-                              f" on the depth, not on the blocks (recommended to drop {_blocks(wanted)}, "
-                              f"dropped {_blocks(dropped)})")
-    return (f"recommended depth {recommended} of {depth} vs cut to {kept} of {depth}: {signal}; the cut is "
-            f"{_validated(search, *figures)}; {why}")
+        wanted = recommendation["blocks_to_drop"]
+        lines.append("they agree" + ("" if sorted(dropped) == sorted(wanted) else
+                                     f" on the depth, not on the blocks (recommended to drop {_blocks(wanted)})"))
+    return lines
 
 
 def _first_failure(search: dict[str, Any], kept: int) -> str:
@@ -104,7 +118,7 @@ def dropped_line(report: dict[str, Any]) -> str | None:
     phases = report["phases"] if isinstance(report.get("phases"), dict) else {}
     plateau = phases.get("plateau")
     if plateau and strategy != "plateau" and set(dropped) != set(range(plateau[0] + 1, plateau[1] + 1)):
-        name = "plateau" if phases.get("cliff") else "slow start"
+        name = plateau_name((plateau[0], plateau[1]))
         line += (f"; the {report.get('metric', 'phase')} {name} (blocks {plateau[0]}–{plateau[1]}) is another "
                  f"signal, which {strategy} does not follow")
     return line
@@ -127,5 +141,6 @@ def figures_line(report: dict[str, Any]) -> str | None:
 
 def story_lines(report: dict[str, Any]) -> list[str]:
     """What the terminal prints after the verdict (``isiwatch truncate`` and ``isiwatch demo`` alike): the
-    dropped blocks and why, which figures are screening and which final, and the depth story."""
-    return [line for line in (dropped_line(report), figures_line(report), depth_story(report)) if line]
+    depth story (`depth_story`), the dropped blocks and why, which figures are screening and which final."""
+    return [*(depth_story(report) or []),
+            *(line for line in (dropped_line(report), figures_line(report)) if line)]

@@ -16,7 +16,7 @@ import json
 import math
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -42,8 +42,8 @@ from ..measure.depth import DepthRecommendation, recommend_depth
 from ..measure.phases import Phases
 from ..taps import vit_parts
 from .classifier_layout import block_list
-from .confidence import PARTS, PairedDrop, SearchGuarantee
-from .cost import count_parameters, forward_flops, measure_latency
+from .confidence import PARTS, PairedDrop, SearchGuarantee, above_chance
+from .cost import model_costs
 from .data_split import NAMED, Data, Split, load_split
 from .engine import FabricOptions
 from .healing import HEAL_BATCH, Images, default_train_last, heal, predict
@@ -152,6 +152,7 @@ class TruncateRequest:
     dist_strategy: str = "auto"
     precision: str | None = None
     echo: Callable[[str], None] | None = None
+    class_map: Path | dict[str, int] | None = None
 
     @property
     def fabric_options(self) -> FabricOptions:
@@ -188,6 +189,8 @@ class TruncateRequest:
         if self.mean is not None and not isinstance(self.data, NAMED):
             raise OptionError("{mean} and {std} normalise images read from a name or a folder; tensors and "
                               "DataLoaders are used as they are")
+        if self.class_map is not None and not isinstance(self.class_map, dict):
+            self.class_map = _read_class_map(Path(self.class_map))  # before the checkpoint or any image is read
         path = None if isinstance(self.checkpoint, nn.Module) else self.checkpoint
         _check_paths({"checkpoint": path, "analysis": self.analysis},
                      {"out": self.out, "report": self.report, "journal": self.journal})
@@ -224,6 +227,8 @@ class TruncationPlan:
     recommendation: DepthRecommendation | None
     distances: BoundaryDistances | None
     kept: list[int] | None
+    #: ``auto``: the uncut model's test predictions, made before the search (every test image decoded then).
+    uncut_test: Tensor | None = None
 
     @property
     def depth(self) -> int:
@@ -310,6 +315,53 @@ def _check_certifiable(request: TruncateRequest, guarantee: SearchGuarantee, ima
             f"within {points} at {confidence} confidence")
 
 
+def _read_class_map(path: Path) -> dict[str, int]:
+    """A class map file: a JSON object of class folder name → model output index, or a JSON list of the class
+    names in output order; refused in one line."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise OptionError("{class_map} {path}: not a readable JSON file ({why})", path=path,
+                          why=str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return {name: i for i, name in enumerate(value)}
+    if isinstance(value, dict) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                       for v in value.values()):
+        return {str(k): v for k, v in value.items()}
+    raise OptionError("{class_map} {path}: not a JSON object of class folder name to output index (or a list of "
+                      "the class names in output order)", path=path)
+
+
+def _class_map(request: TruncateRequest, ckpt: Checkpoint) -> dict[str, int] | None:
+    """The class map to number class folders by: the given one, else the one the checkpoint records."""
+    if isinstance(request.class_map, dict):  # TruncateRequest read a file into one
+        return dict(request.class_map)
+    recorded = ckpt.metadata.get("class_map")
+    return {str(k): int(v) for k, v in recorded.items()} if isinstance(recorded, dict) and recorded else None
+
+
+def _check_labels(request: TruncateRequest, uncut: nn.Module, split: Split) -> Tensor:
+    """Before ``auto`` certifies anything: decode every validation and test image (a bad one is refused now,
+    not after the search) and refuse, in one line, an uncut model that is not above chance on the validation
+    split (labels that do not match its outputs). "Above chance" is the one-sided exact test at the run's
+    confidence (95 % with ``confidence`` 0) that its accuracy exceeds the share of the commonest validation
+    class. Returns the uncut model's test predictions."""
+    labels = split.val_y
+    correct = int((predict(uncut, split.val_x) == labels).sum())
+    test = predict(uncut, split.test_x)
+    images, chance = len(labels), float(labels.bincount().max()) / max(1, len(labels))
+    confidence = request.confidence or DEFAULT_CONFIDENCE
+    if not above_chance(correct, images, chance, 1 - confidence):
+        how = split.labels.get("numbering")
+        raise OptionError("the uncut model scores {accuracy} on the {images} validation images, not above chance "
+                          "({chance}, the commonest class's share) at {level} confidence: its outputs do not match "
+                          "these labels" + (f" (classes numbered by {how})" if how else "")
+                          + "; give {class_map:FILE} (class folder name to output index) or images of its classes",
+                          accuracy=f"{correct / images:.3f}", images=images, chance=f"{chance:.3f}",
+                          level=f"{100 * confidence:g} %")
+    return test
+
+
 def _load(request: TruncateRequest) -> tuple[Checkpoint, nn.Module]:
     """The source's record and the uncut model: a model object, a Hugging Face directory or a checkpoint file."""
     r = request
@@ -342,9 +394,11 @@ def plan(request: TruncateRequest) -> TruncationPlan:
     norm = (resolve_data_config(uncut, str(r.data), ckpt.data_config, r.mean, r.std)
             if isinstance(r.data, NAMED) else None)
     split = load_split(uncut, r.data, r.eval_data, norm, batch_size=r.batch_size, workers=r.workers, seed=r.seed,
-                       fabric=fabric)
+                       fabric=fabric, class_map=_class_map(r, ckpt))
+    uncut_test = None
     if r.strategy == "auto":
         line = _check_certifiable(r, search_guarantee(r, split, depth), len(split.val_y))
+        uncut_test = _check_labels(r, uncut, split)
         if r.echo is not None and fabric.is_global_zero:
             r.echo(line)
     metric = r.metric or (source_analysis.phase_metric if source_analysis else DEFAULT_PHASE_METRIC)
@@ -372,7 +426,7 @@ def plan(request: TruncateRequest) -> TruncationPlan:
                                   "cut anyway, or use {strategy:'auto'}", depth=depth, signal=recommendation.signal)
         kept = choose_blocks(r.strategy, depth, keep, phases=inputs.phases, distances=inputs.distances, seed=r.seed)
     return TruncationPlan(r, ckpt, uncut, split, norm, fabric, metric, inputs.phases, recommendation, inputs.distances,
-                          kept)
+                          kept, uncut_test)
 
 
 @dataclass
@@ -386,18 +440,42 @@ class Execution:
     search: dict[str, Any] | None
     eval_x: Images
     eval_y: Tensor
+    #: `measure_costs` of the uncut model and every depth tried, filled in by `execute`.
+    costs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def execute(plan: TruncationPlan) -> Execution:
-    """Cut and heal: the planned blocks, or the ``auto`` search (`auto_cut`)."""
+    """Cut and heal: the planned blocks, or the ``auto`` search (`auto_cut`); then the costs of every depth
+    tried (`measure_costs`)."""
     r, split = plan.request, plan.split
     if plan.kept is None:
         model, kept, search = auto_cut(plan)
-        steps = search["healing_steps"]
-        return Execution(model, kept, steps, search, split.test_x, split.test_y)
-    model = cut_vit(plan.uncut, plan.kept)
-    steps = plan.heal(model, plan.heal_steps, progress=r.progress)
-    return Execution(model, plan.kept, steps, None, *split.held_out)
+        execution = Execution(model, kept, search["healing_steps"], search, split.test_x, split.test_y)
+        depths = {c["keep"] for c in search["candidates"]}
+    else:
+        model = cut_vit(plan.uncut, plan.kept)
+        steps = plan.heal(model, plan.heal_steps, progress=r.progress)
+        execution = Execution(model, plan.kept, steps, None, *split.held_out)
+        depths = set()
+    execution.costs = measure_costs(plan, depths | {len(execution.kept)}, execution.eval_x)
+    if execution.search is not None:
+        for c in execution.search["candidates"]:
+            c.update({k: v for k, v in execution.costs[str(c["keep"])].items() if k != "blocks"})
+    return execution
+
+
+def measure_costs(plan: TruncationPlan, depths: set[int], images: Images) -> dict[str, dict[str, Any]]:
+    """The costs of the uncut model (``"uncut"``) and of a cut to each of ``depths`` blocks (keyed by the count:
+    a cost depends only on it), measured once, the latencies interleaved (`model_costs`), on the first 64 of
+    ``images``; every table of the run shows these figures."""
+    uncut, depth = plan.uncut, plan.depth
+    models = {"uncut": uncut, **{str(k): cut_vit(uncut, list(range(k))) for k in sorted(depths) if k < depth}}
+    batch = _timing_batch(images).to(next(uncut.parameters()).device)
+    costs = model_costs(models, batch, rounds=LATENCY_ROUNDS)
+    costs[str(depth)] = costs["uncut"]
+    for entry in costs.values():
+        entry["latency_batch"] = len(batch)
+    return costs
 
 
 def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
@@ -405,10 +483,11 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
     (`measure`) and every choice made on the way."""
     r, kept, search, depth = plan.request, execution.kept, execution.search, plan.depth
     x = execution.eval_x
-    reference, after = predict(plan.uncut, x), predict(execution.model, x)
+    reference = plan.uncut_test if search is not None and plan.uncut_test is not None else predict(plan.uncut, x)
+    after = predict(execution.model, x)
     before = predict(cut_vit(plan.uncut, kept), x) if len(kept) < depth else reference
-    result = measure(plan.checkpoint, plan.uncut, execution.model, _timing_batch(x), execution.eval_y,
-                     reference, before, after)
+    result = measure(plan.checkpoint, execution.costs["uncut"], execution.costs[str(len(kept))],
+                     "test" if search else "validation+test", execution.eval_y, reference, before, after)
     strategy = r.strategy if search is None else \
         f"auto: {search['winner_strategy']}" if search["winner"] else "auto: nothing cut"
     result.update({"strategy": strategy,
@@ -420,22 +499,40 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
                    "lr": r.lr, "distill": r.distill, "data": plan.split.data, "weights": plan.checkpoint.weights,
                    "normalization": plan.normalization.to_dict() if plan.normalization else None,
                    "device": str(plan.fabric.device), "processes": plan.fabric.world_size,
-                   "batch": plan.split.batch,
+                   "batch": plan.split.batch, "labels": plan.split.labels,
                    "precision": str(plan.fabric.strategy.precision.precision),
                    "seed": r.seed, "output": None if r.out is None else str(r.out),
                    "evaluated_on": "test" if search else "validation+test", "search": search})
     data = r.data if r.eval_data is None else r.eval_data  # validate.py finds validation/ as this split did
-    if r.out is not None and isinstance(data, NAMED) and plan.normalization is not None \
-            and not plan.checkpoint.path.is_dir():
+    if r.out is not None and isinstance(data, NAMED) and str(data) != "mnist" and plan.normalization is not None \
+            and not plan.checkpoint.path.is_dir() and (search is None or search["winner"] is not None):
         result["validate_command"] = shlex.join(validate_py_command(
             data, plan.checkpoint.arch, r.out, cut_model_kwargs(plan, execution), plan.normalization,
             plan.fabric.device.type))
+    if search is not None and search["winner"] is None:
+        search["to_certify"] = to_certify(search, plan.guarantee)
     if search is not None:  # the winner (or the uncut model) scored once on the test split
         labels = execution.eval_y
         drop = PairedDrop.from_correct((reference == labels).tolist(), (after == labels).tolist())
         search["test"] = {"points": 100 * drop.drop, **drop.to_dict(),
                           "within_max_drop": 100 * drop.drop <= r.max_drop + 1e-9}
     return result
+
+
+def to_certify(search: dict[str, Any], guarantee: SearchGuarantee) -> dict[str, Any] | None:
+    """What would certify the candidate nearest to qualifying (smallest upper bound) of a search that certified
+    none: ``max_drop``, the smallest ``--max-drop`` (points, rounded up to 0.01) its bound is within, and
+    ``validation_images``, how many validation images its observed rates of discordant images would need at
+    the run's ``max_drop`` (None: no number, its observed drop is not below it). None without candidates."""
+    if not search["candidates"]:
+        return None
+    best = min(search["candidates"], key=lambda c: (c["validation_drop"]["upper_bound_points"], c["keep"]))
+    drop = best["validation_drop"]
+    part = best["chain"] if best["chain"] in guarantee.parts else "healed"
+    pair = PairedDrop(drop["images"], drop["uncut_only"], drop["cut_only"])
+    return {"strategy": best["strategy"], "keep": best["keep"], "chain": best["chain"],
+            "max_drop": math.ceil(round(100 * drop["upper_bound_points"], 6)) / 100,
+            "validation_images": guarantee.rule(part).images_to_qualify(pair)}
 
 
 def _write_model(plan: TruncationPlan, execution: Execution, result: dict[str, Any], out: Path) -> Path:
@@ -445,7 +542,8 @@ def _write_model(plan: TruncationPlan, execution: Execution, result: dict[str, A
     metadata = {"kept_blocks": execution.kept, "source_sha256": ckpt.sha256, "source_checkpoint": str(ckpt.path),
                 "source_depth": plan.depth, **{k: result[k] for k in ("strategy", "metric", "phases", "train_last",
                                                                         "epochs", "distill", "accuracy", "weights",
-                                                                        "normalization", "data")}}
+                                                                        "normalization", "data")},
+                **({"class_map": plan.split.labels["classes"]} if plan.split.labels else {})}
     if ckpt.path.is_dir():
         return save_pretrained_dir(execution.model, out, metadata)
     model_kwargs = cut_model_kwargs(plan, execution)
@@ -469,21 +567,35 @@ def write(plan: TruncationPlan, execution: Execution, result: dict[str, Any]) ->
     r = plan.request
     if not plan.fabric.is_global_zero:  # every process healed the same weights; one writes them
         return []
+    if not certified(result):  # a copy of the input would pass for a cut: write nothing, leave no journal
+        if r.journal is not None:
+            r.journal.unlink(missing_ok=True)
+        return []
     paths = [] if r.out is None else [_write_model(plan, execution, result, r.out)]
     if r.report is not None:
         paths.append(write_json(r.report, result))
     return paths
 
 
+def certified(report: dict[str, Any]) -> bool:
+    """Whether a report's run cut the model: a fixed strategy always does; ``auto`` only when it certified a
+    cut (else it writes nothing)."""
+    search = report.get("search")
+    return not isinstance(search, dict) or search.get("winner") is not None
+
+
 @dataclass
 class TruncateResult:
     """The truncated model, the report dict (also written as JSON with ``report=``), the written paths and whether
-    this process is the one that writes (process 0 of a distributed run)."""
+    this process is the one that writes (process 0 of a distributed run). ``cut`` is False when ``auto``
+    certified no cut: ``model`` is then the uncut model, nothing was written, and ``report["search"]``
+    says why (``message``) and what would certify the nearest candidate (``to_certify``)."""
 
     model: nn.Module
     report: dict[str, Any]
     paths: list[Path]
     writer: bool = True
+    cut: bool = True
 
 
 def truncate(
@@ -525,13 +637,15 @@ def truncate(
     dist_strategy: str = "auto",
     precision: str | None = None,
     echo: Callable[[str], None] | None = None,
+    class_map: str | Path | dict[str, int] | None = None,
 ) -> TruncateResult:
     """Cut a trained ViT down to fewer blocks and heal it by fine-tuning its late blocks.
 
     By default (``auto``, `isiwatch.truncation.search`) it searches for the cheapest cut, as it is or healed,
     whose accuracy drop is certified within ``max_drop`` points of the uncut model's on the validation images (the
     upper ``confidence`` bound of the paired drop, `isiwatch.truncation.confidence`), heals a healed winner fully
-    and scores the winner once on the test images; when none qualifies, the uncut weights are returned. The steps
+    and scores the winner once on the test images; when none qualifies, nothing is written and the result's
+    ``cut`` is False (its model the uncut one, its report saying what would certify the nearest candidate). The steps
     are `TruncateRequest` (checks the options before anything is read), `plan`, `execute`, `report` and `write`;
     [`cut`][isiwatch.cut] and [`heal`][isiwatch.heal] do the surgery and the healing on their own. The input is
     never written; outputs are written atomically, only after everything succeeded.
@@ -596,6 +710,11 @@ def truncate(
         precision: ``"32"``, ``"16-mixed"`` or ``"bf16-mixed"`` (None: bf16-mixed on CUDA, else 32).
         echo: Called (by process 0) with the line that says, before any healing, what ``auto`` can certify on
             the validation images.
+        class_map: How class folders map to the model's outputs: a dict or a JSON file of folder name → output
+            index (or a JSON list of names in output order); None: the checkpoint's recorded ``class_map``, else
+            numeric folder names as indices, else timm's sorted-name numbering. ``auto`` refuses, before any
+            healing, an uncut model not above chance on the validation split (one-sided exact test at
+            ``confidence``): its labels do not match.
 
     Returns:
         The truncated model, the report dict (costs, accuracies, every choice made, the ``auto`` search) and the
@@ -614,7 +733,8 @@ def truncate(
         images=images, fmt=fmt,
         report=None if report is None else Path(report), arch=arch, num_heads=num_heads, prefer_ema=prefer_ema,
         mean=mean, std=std, device=device, seed=seed, progress=progress, batch_size=batch_size, workers=workers,
-        devices=devices, num_nodes=num_nodes, dist_strategy=dist_strategy, precision=precision, echo=echo))
+        devices=devices, num_nodes=num_nodes, dist_strategy=dist_strategy, precision=precision, echo=echo,
+        class_map=None if class_map is None or isinstance(class_map, dict) else Path(class_map)))
 
 
 def _run(request: TruncateRequest) -> TruncateResult:
@@ -623,7 +743,8 @@ def _run(request: TruncateRequest) -> TruncateResult:
     planned = plan(request)
     execution = execute(planned)
     result = report(planned, execution)
-    return TruncateResult(execution.model, result, write(planned, execution, result), planned.fabric.is_global_zero)
+    return TruncateResult(execution.model, result, write(planned, execution, result), planned.fabric.is_global_zero,
+                          certified(result))
 
 
 def _search_header(plan: TruncationPlan, guarantee: SearchGuarantee, uncut_correct: Tensor) -> dict[str, Any]:
@@ -697,16 +818,9 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
     finally:
         progress.close()
     record["resumed_candidates"] = sum(c.resumed for c in search.candidates)
-    # costs depend only on the number of blocks kept: one cut per depth tried
-    by_keep = {str(k): cut_vit(uncut, list(range(k))) for k in sorted({c.keep for c in search.candidates})}
-    batch = _timing_batch(split.val_x).to(next(uncut.parameters()).device)
-    latency = measure_latency({"uncut": uncut, **by_keep}, batch, rounds=LATENCY_ROUNDS)
-    costs = {k: {"parameters": count_parameters(m), "flops_per_image": forward_flops(m, batch[:1]),
-                 "latency_ms": latency[k]} for k, m in by_keep.items()}
     for c in search.candidates:
-        c.extra = {**costs[str(c.keep)], "winner": c is winner}
-    record.update({"uncut_latency_ms": latency["uncut"], "latency_batch": len(batch),
-                   "candidates": [c.to_dict() for c in search.candidates],
+        c.extra = {"winner": c is winner}
+    record.update({"candidates": [c.to_dict() for c in search.candidates],
                    "winner": winner.to_dict() if winner else None,
                    "winner_strategy": winner.strategy if winner else "uncut"})
     if winner is None:
@@ -717,7 +831,7 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
                                 f"; the closest, {closest.strategy} keeping {closest.keep} blocks "
                                 f"{'as cut' if closest.chain == 'cut' else 'healed'}, dropped "
                                 f"{_points(closest.drop.drop)} on validation with an upper bound of "
-                                f"{_points(closest.bound)}") + "; kept the uncut model")
+                                f"{_points(closest.bound)}"))
         return copy.deepcopy(uncut), list(range(depth)), record
     record["message"] = None
     assert isinstance(model, nn.Module)

@@ -3,31 +3,29 @@ uncut, cut and healed models) and how it reads as terminal tables. The HTML run 
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..io.checkpoint import Checkpoint
 from ..measure.tables import format_table
-from .classifier_layout import block_list
-from .cost import count_parameters, differs, forward_flops, latency_samples
+from .cost import separated
 
 
-def measure(ckpt: Checkpoint, uncut: nn.Module, model: nn.Module, images: Tensor, labels: Tensor,
+def measure(ckpt: Checkpoint, uncut: dict[str, Any], truncated: dict[str, Any], split: str, labels: Tensor,
             reference: Tensor, before: Tensor, after: Tensor) -> dict[str, Any]:
-    """Costs (parameters, FLOPs per image, median latency of a batch) and held-out accuracies;
-    ``latency_differs``: whether the two latencies differ by more than their noise (`differs`)."""
-    batch = images[:64].to(next(uncut.parameters()).device)
-    times = latency_samples({"uncut": uncut, "truncated": model}, batch)
-    cost = {name: {"blocks": len(block_list(m)), "parameters": count_parameters(m),
-                   "flops_per_image": forward_flops(m, batch[:1]), "latency_ms": statistics.median(times[name])}
-            for name, m in (("uncut", uncut), ("truncated", model))}
+    """The before/after record: the uncut and truncated models' costs (`model_costs`, measured once for the
+    run), their accuracies on ``split`` (its name and size recorded with them) and agreement with the uncut
+    model; ``latency_differs``: whether the two latencies' interquartile ranges are apart (`separated`)."""
+    cost = {"uncut": uncut, "truncated": truncated}
     return {"source": {"checkpoint": str(ckpt.path), "sha256": ckpt.sha256, "arch": ckpt.arch},
-            "held_out_images": len(labels), "latency_batch": len(batch), "cost": cost,
-            "latency_differs": differs(times["uncut"], times["truncated"]),
-            "accuracy": {name: float((p == labels).float().mean())
-                         for name, p in (("uncut", reference), ("cut", before), ("healed", after))},
+            "held_out_images": len(labels), "latency_batch": uncut["latency_batch"],
+            "cost": {name: {k: v for k, v in c.items() if k != "latency_batch"} for name, c in cost.items()},
+            "latency_differs": truncated is not uncut and separated(uncut["latency_quartiles_ms"],
+                                                                    truncated["latency_quartiles_ms"]),
+            "accuracy": {"split": split, "images": len(labels),
+                         **{name: float((p == labels).float().mean())
+                            for name, p in (("uncut", reference), ("cut", before), ("healed", after))}},
             "agreement": {name: float((p == reference).float().mean()) for name, p in (("cut", before),
                                                                                      ("healed", after))}}
 
@@ -36,22 +34,38 @@ def _points(value: float) -> str:
     return f"{value:.2f} point{'' if value == 1 else 's'}"
 
 
+def accuracy_label(accuracy: dict[str, Any]) -> str:
+    """What an accuracy figure is: its split and its size ("test n=500"); "held-out" for a report that does not
+    record them."""
+    split = accuracy.get("split", "held-out")
+    return f"{split} n={accuracy['images']}" if "images" in accuracy else split
+
+
+def latency_cell(cost: dict[str, Any]) -> str:
+    """A latency with its spread: the median and, where recorded, the interquartile range (ms)."""
+    quartiles = cost.get("latency_quartiles_ms")
+    median = f"{cost['latency_ms']:.2f}"
+    return f"{median} ({quartiles[0]:.2f}-{quartiles[1]:.2f})" if quartiles else median
+
+
 def report_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """Before/after header and rows: blocks, parameters, FLOPs, latency, speed-up, held-out accuracy,
-    agreement. An uncut result (nothing was cut) is one row; a speed-up within the latency noise reads so."""
+    """Before/after header and rows: blocks, parameters, FLOPs and their ratio (the primary costs), latency
+    (median and interquartile range of interleaved repeats), the wall-time speed-up only when those ranges are
+    apart (else "within noise"), accuracy on its labelled split, agreement. An uncut result is one row."""
     cost, acc, agree = report["cost"], report["accuracy"], report["agreement"]
-    header = ["model", "blocks", "params", "MFLOPs/img", f"latency ms/{report['latency_batch']}", "speed-up",
-              "accuracy", "agreement"]
+    header = ["model", "blocks", "params", "MFLOPs/img", "FLOPs", f"latency ms/{report['latency_batch']} (IQR)",
+              "wall speed-up", f"accuracy {accuracy_label(acc)}", "agreement"]
     uncut, truncated = cost["uncut"], cost["truncated"]
-    rows = [["uncut", uncut["blocks"], uncut["parameters"], uncut["flops_per_image"] / 1e6, uncut["latency_ms"], "",
-             acc["uncut"], 1.0]]
+    rows = [["uncut", uncut["blocks"], uncut["parameters"], uncut["flops_per_image"] / 1e6, "1.00x",
+             latency_cell(uncut), "", acc["uncut"], 1.0]]
     if truncated["blocks"] == uncut["blocks"]:
         return header, rows
     speedup = (f"{uncut['latency_ms'] / truncated['latency_ms']:.2f}x" if report.get("latency_differs", True)
                else "within noise")
+    flops = f"{truncated['flops_per_image'] / uncut['flops_per_image']:.2f}x"
     for name in ("cut", "healed"):
-        rows.append([name, truncated["blocks"], truncated["parameters"], truncated["flops_per_image"] / 1e6,
-                     truncated["latency_ms"], speedup, acc[name], agree.get(name, 1.0)])
+        rows.append([name, truncated["blocks"], truncated["parameters"], truncated["flops_per_image"] / 1e6, flops,
+                     latency_cell(truncated), speedup, acc[name], agree.get(name, 1.0)])
     return header, rows
 
 
@@ -59,14 +73,16 @@ def candidates_table(report: dict[str, Any]) -> str:
     """Every cut ``auto`` scored, in testing order (as cuts, then healed): validation accuracies, the paired drop
     and its bound, healing steps (0: scored as cut), costs, the verdict."""
     search = report["search"]
+    candidates = search["candidates"]
+    batch = candidates[0].get("latency_batch", 64) if candidates else 64
     header = ["strategy", "blocks", "kept", "heal steps", "val cut", "val healed", "val drop", "bound", "params",
-              "MFLOPs/img", f"latency ms/{search.get('latency_batch', 64)}", ""]
+              "MFLOPs/img", f"latency ms/{batch} (IQR)", ""]
     rows = [[c["strategy"], c["keep"], ",".join(map(str, c["kept_blocks"])), c["healing_steps"],
              c["validation_accuracy"]["cut"], c["validation_accuracy"]["healed"],
              f"{c['validation_drop']['points']:.2f}", f"{c['validation_drop']['upper_bound_points']:.2f}",
-             c["parameters"], c["flops_per_image"] / 1e6, c["latency_ms"],
+             c["parameters"], c["flops_per_image"] / 1e6, latency_cell(c),
              "winner" if c["winner"] else ("ok" if c["qualifies"] else "")]
-            for c in search["candidates"]]
+            for c in candidates]
     return f"{rule_line(search)}\n{format_table(header, rows)}" if rows else rule_line(search)
 
 
@@ -82,8 +98,9 @@ def rule_line(search: dict[str, Any]) -> str:
                f"healed, each sequence stopping at its first failure")
     screened = (f"; each healed candidate screened with {search['screen_steps']} healing steps"
                 if "healed" in rule["parts"] else "; no healing (0 steps): cuts only")
-    return (f"uncut validation accuracy {search['uncut_validation_accuracy']:.3f} on {search['validation_images']} "
-            f"images; a cut qualifies when {how}; drops and bounds in points{screened}")
+    return (f"uncut accuracy validation n={search['validation_images']} {search['uncut_validation_accuracy']:.3f} "
+            f"(val columns: the same {search['validation_images']} images); a cut qualifies when {how}; drops and "
+            f"bounds in points{screened}")
 
 
 def verdict_line(report: dict[str, Any]) -> str:
@@ -108,6 +125,24 @@ def verdict_line(report: dict[str, Any]) -> str:
             f"{judged['validation_drop']['points']:.2f} points, {how} <= {search['max_drop']:g}; test drop "
             f"{_points(test['points'])} on {test['images']} images, scored once "
             f"({'within' if test['within_max_drop'] else 'beyond'} {search['max_drop']:g})")
+
+
+def no_cut_line(report: dict[str, Any]) -> str | None:
+    """For an ``auto`` run that certified no cut: one line that says nothing was written and what would certify
+    the nearest candidate (``search.to_certify``); None when a cut was made."""
+    search = report.get("search")
+    if not isinstance(search, dict) or search.get("winner") is not None:
+        return None
+    need = search.get("to_certify")
+    if not need:
+        return "no certified cut: no candidate was tested; nothing written"
+    how = {"cut": "as cut"}.get(need["chain"], need["chain"])
+    images = need["validation_images"]
+    more = (f", or about {images:,} validation images at its observed rates ({search['validation_images']:,} now)"
+            if images else " (at the present max drop no number of validation images would: its observed drop "
+                           "is not below it)")
+    return (f"no certified cut, nothing written: the nearest candidate, {need['strategy']} keeping {need['keep']} "
+            f"blocks {how}, would be certified with --max-drop {need['max_drop']:.2f}{more}")
 
 
 def report_table(report: dict[str, Any]) -> str:
