@@ -9,6 +9,8 @@
 4. Truncation latency: 12 → 8 → 6 blocks (``tail`` cuts) at batch 1, 64 and 256, bf16 autocast.
 5. Watch on a ``torch.compile``'d training model (inductor): samples taken and graphs compiled (1: no
    recompilation by the probe pass).
+6. ``watch.step()`` called inside the bf16 autocast block, where many training loops call it: every sample taken,
+   no ``monitor_error`` record (the probe pass runs with autocast off).
 
 Prints one JSON line on stdout (progress on stderr). ``--smoke`` runs the same code paths on the CPU with a
 tiny ViT in seconds (sync counting needs CUDA and reports null with the reason; compile uses the "eager"
@@ -219,6 +221,30 @@ def watch_compiled(plan: Plan, device: str, x: Tensor, y: Tensor, px: Tensor, py
             "unique_graphs": graphs, "seconds": seconds, "ok": samples == plan.compile_steps // every and graphs == 1}
 
 
+def watch_in_autocast(plan: Plan, device: str, x: Tensor, y: Tensor, px: Tensor, py: Tensor) -> dict:
+    """``step()`` inside ``torch.autocast`` (bf16, on the CPU too): samples taken and failures reported."""
+    model = make_model(plan, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    steps = plan.compile_steps
+    every = max(1, steps // 4)
+    faults: list[str] = []
+    watch = isiwatch.Watch(model, px, py, every_n_steps=every,
+                           alert_callback=lambda a: faults.append(a.message) if a.kind == "monitor_error" else None)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(1, steps + 1):
+        idx = torch.randint(0, len(x), (plan.batch,), generator=gen).to(device)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x[idx]).float(), y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            watch.step(step, loss)
+    samples = len(watch.history)
+    watch.close()
+    return {"steps": steps, "every": every, "samples": samples, "monitor_errors": faults,
+            "ok": samples == steps // every and not faults}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, in seconds")
@@ -239,6 +265,7 @@ def main() -> None:
         "analyze_vs_forward": lambda: analyze_vs_forward(plan, device, *digits(plan, plan.analyze_images, device)),
         "truncate_latency_ms": lambda: truncate_latency(plan, device, x),
         "watch_compile": lambda: watch_compiled(plan, device, x, y, px, py),
+        "watch_in_autocast": lambda: watch_in_autocast(plan, device, x, y, px, py),
     }
     result: dict = {"smoke": args.smoke, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                     "torch": torch.__version__, "threads": threads, "plan": asdict(plan), "section_s": {}}

@@ -36,5 +36,7 @@ def test_gpu_check_smoke_prints_one_sane_json_line():
 
     compiled = out["watch_compile"]
     assert compiled["ok"] and compiled["unique_graphs"] == 1 and compiled["samples"] >= 1
+    in_autocast = out["watch_in_autocast"]  # step() inside bf16 autocast: every sample, no failure
+    assert in_autocast["ok"] and in_autocast["samples"] == in_autocast["steps"] // in_autocast["every"] >= 1
     assert set(out["section_s"]) == {"watch_overhead", "syncs_per_sample", "analyze_vs_forward",
-                                     "truncate_latency_ms", "watch_compile"}
+                                     "truncate_latency_ms", "watch_compile", "watch_in_autocast"}
