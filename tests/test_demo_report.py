@@ -190,7 +190,7 @@ def test_report_shows_the_recommended_depth_and_reads_older_files(tmp_path):
                                                + "\n" for r in rows))
     assert read_run(run).recommendation is None
     page = write_report(run, tmp_path / "old")[-1].read_text()
-    assert "recommended depth" not in page and "<td>plateau onset</td>" in page and page.count("<img ") == 3
+    assert "recommended depth" not in page and "<td>plateau_onset alerts</td>" in page and page.count("<img ") == 3
 
 
 def test_out_of_range_prometheus_port_is_refused_before_anything_is_written(tmp_path):

@@ -383,7 +383,6 @@ def _truncation_table(report: dict[str, Any]) -> str:
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}
-.legend{color:#555;font-size:.92em}
 th{background:#f4f4f4}img{max-width:100%;border:1px solid #eee}figure{margin:.8em 0}
 dl.glossary{display:grid;grid-template-columns:max-content auto;gap:2px 12px}dl.glossary dt{font-weight:600}
 dl.glossary dd{margin:0}"""

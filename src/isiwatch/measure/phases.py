@@ -35,7 +35,7 @@ Span = tuple[int, int]
 #: within this distance of a straight line at every block is that line plus noise.
 LINE_NOISE = 0.05
 
-__all__ = ["Phases", "PlateauTracker", "detect_phases", "plateau_name", "spans_near"]
+__all__ = ["LINE_NOISE", "Phases", "PlateauTracker", "detect_phases", "plateau_name", "spans_near"]
 
 
 @dataclass(frozen=True)
@@ -138,14 +138,18 @@ def detect_phases(
         return None  # a straight line within the noise at every block: no phase to tell apart
 
     sse, s, e, coef = _best_fit(y, range(0, n - min_layers + 1), min_layers)
-    # An outer piece that drifts less than the tolerance is part of the plateau, not a phase: refit without. So is
-    # a first piece no steeper than the plateau after it: a curve that rises evenly and then faster has no Cliff.
-    if s > 0 and (abs(coef[1]) * s <= flat_tolerance or abs(_free_slope(y[s:e + 1])) > slope_ratio * abs(coef[1])):
+    # An outer piece that drifts less than the tolerance is part of the plateau, not a phase: refit without.
+    if s > 0 and abs(coef[1]) * s <= flat_tolerance:
         sse, s, e, coef = _best_fit(y, [0], min_layers)
     elif e < n - 1 and abs(coef[-1]) * (n - 1 - e) <= flat_tolerance:
         sse, s, e, coef = _best_fit(y, range(0, n - min_layers + 1), min_layers, pin_end=True)
-    outer = [abs(c) for c in coef[1:]]
     mid_slope = abs(_free_slope(y[s:e + 1]))
+    # Nor is a first piece no steeper than the plateau after it a Cliff (a curve that rises evenly, then faster):
+    # refit with the flat stretch from block 0, keeping a plateau that reached the last block there.
+    if s > 0 and mid_slope > slope_ratio * abs(coef[1]):
+        sse, s, e, coef = _best_fit(y, [0], min_layers, pin_end=e == n - 1)
+        mid_slope = abs(_free_slope(y[s:e + 1]))
+    outer = [abs(c) for c in coef[1:]]
     flat = mid_slope * (e - s) <= flat_tolerance and (not outer or mid_slope <= slope_ratio * max(outer))
     gain = (line_sse - sse) / float(((y - y.mean()) ** 2).sum())
     if not flat or not outer or gain < min_gain:
