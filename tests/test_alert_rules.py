@@ -3,6 +3,7 @@
 import math
 
 from isiwatch.measure.phases import Phases, PlateauTracker
+from isiwatch.measure.vocabulary import PHASES
 from isiwatch.watch.alerts import AlertEngine, AlertRules
 from isiwatch.watch.sample import Sample
 
@@ -50,7 +51,7 @@ def test_plateau_onset_follows_the_tracker_and_names_the_span():
         tracker.update(step, phases)
         engine.update(step, r.conditions(s, tracker))
     assert [(a.kind, a.step) for a in opened] == [("plateau_onset", 2)]
-    assert opened[0].message == "plateau over blocks 2–5 of token_similarity, after a Cliff"
+    assert opened[0].message == f"plateau over blocks 2–5 of token_similarity ({PHASES['plateau']})"
     assert opened[0].data == {"plateau": [2, 5], "onset_step": 2, "metric": "token_similarity"}
 
 
@@ -67,9 +68,11 @@ def test_a_plateau_from_block_0_is_a_slow_start_and_its_records_sit_where_the_da
     assert [(a.kind, a.step, a.severity) for a in records] == [
         ("slow_start", 2, "info"), ("slow_start_cleared", 5, "info"), ("plateau_onset", 5, "warning"),
         ("plateau_onset_cleared", 8, "info")]
-    assert records[0].message == "slow start: blocks 0–3 of token_similarity barely change it (no Cliff before)"
-    assert records[1].message == "slow_start cleared: plateau over blocks 2–5 of token_similarity, after a Cliff"
-    assert records[-1].message == "plateau_onset cleared: plateau gone"
+    # one name per stretch, defined in the message: the alert says "slow start" where the terminal and report do
+    assert records[0].message == f"slow start over blocks 0–3 of token_similarity ({PHASES['slow start']})"
+    assert records[1].message == (f"slow_start cleared: plateau over blocks 2–5 of token_similarity "
+                                  f"({PHASES['plateau']})")
+    assert records[-1].message == "plateau_onset cleared: no flat stretch in token_similarity at this sample"
     assert Phases((0, 3), None, (4, 7)).plateau_name == "slow start" and paper.plateau_name == "plateau"
 
 

@@ -29,6 +29,7 @@ from isiwatch.cli.report import read_run, write_report
 from isiwatch.io.data import embedded_digits
 from isiwatch.measure.depth import recommend_depth
 from isiwatch.measure.tables import recommendation_text
+from isiwatch.measure.vocabulary import PHASES, plateau_name
 from isiwatch.truncation.explain import story_lines
 from isiwatch.truncation.truncate_report import verdict_line
 
@@ -136,16 +137,19 @@ def test_quick_demo_writes_the_run_directory(demo_run):
     assert judged["validation_drop"]["upper_bound_points"] <= QUICK.max_drop
     assert analysis["model"]["held_out_accuracy"] >= 0.85
     # the phase-change lines follow metrics.jsonl sample by sample; the final line is analysis.json's phases
-    spans = [(r["step"], f"plateau {r['phases']['plateau'][0]}–{r['phases']['plateau'][1]}" if r["phases"]
-              else "no plateau") for r in map(json.loads, samples)]
+    # a flat stretch has one name, the vocabulary's, in every line: "slow start" from block 0, else "plateau"
+    spans = [(r["step"], f"{plateau_name(span)} {span[0]}–{span[1]}" if r["phases"] and (span := r["phases"]["plateau"])
+              else "no flat stretch") for r in map(json.loads, samples)]
     changes = [(step, span) for i, (step, span) in enumerate(spans) if i == 0 or span != spans[i - 1][1]]
-    printed = [(int(step), span) for step, span in
-               re.findall(r"step (\d+): (plateau \d+–\d+|no plateau) \(token_similarity\)", output)]
+    printed = [(int(step), span) for step, span in re.findall(
+        r"step (\d+): ((?:plateau|slow start) \d+–\d+|no flat stretch) \(token_similarity\)", output)]
     assert printed == changes
+    for name in {span.rsplit(" ", 1)[0] for _, span in changes} - {"no flat"}:  # each defined once, when first shown
+        assert output.count(f"({name}: {PHASES[name]}") == 1, name
     ph = analysis["phases"]
     named = {"cliff": "cliff", "climb": "climb", "plateau": "plateau" if ph["cliff"] else "slow start"}
     final = ", ".join(f"{named[name]} {ph[name][0]}–{ph[name][1]}" for name in ("cliff", "plateau", "climb")
-                      if ph[name]) if ph["plateau"] else "no plateau detected"
+                      if ph[name]) if ph["plateau"] else "no flat stretch (no plateau, no slow start)"
     assert f"phases (token_similarity): {final}\n" in output
     alerts = [json.loads(line) for line in (out / "alerts.jsonl").read_text().splitlines()]
     assert alerts and all(f"[{a['severity']}] step {a['step']}: {a['kind']}: {a['message']}" in output for a in alerts)
@@ -189,7 +193,7 @@ def test_report_shows_the_recommended_depth_and_reads_older_files(tmp_path):
                                                + "\n" for r in rows))
     assert read_run(run).recommendation is None
     page = write_report(run, tmp_path / "old")[-1].read_text()
-    assert "recommended depth" not in page and "<td>plateau onset</td>" in page and page.count("<img ") == 3
+    assert "recommended depth" not in page and "<td>plateau_onset alerts</td>" in page and page.count("<img ") == 3
 
 
 def test_out_of_range_prometheus_port_is_refused_before_anything_is_written(tmp_path):
@@ -226,8 +230,8 @@ def test_report_names_slow_start_and_plateau_episodes_with_their_cleared_records
     (run_copy / "alerts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert report(run_copy, tmp_path / "r").exit_code == 0
     page = (tmp_path / "r" / "report.html").read_text()
-    assert "<td>slow start</td><td>step 1 – cleared at step 2</td>" in page
-    assert "<td>plateau onset</td><td>step 2 (open)</td>" in page
+    assert "<td>slow_start alerts</td><td>step 1 – cleared at step 2</td>" in page
+    assert "<td>plateau_onset alerts</td><td>step 2 (open)</td>" in page
 
 
 def test_report_skips_a_cut_off_last_line_with_a_warning(run_copy, tmp_path):
@@ -310,7 +314,7 @@ def test_report_renders_in_headless_chromium_with_plots_visible(demo_run, tmp_pa
     columns = [html.unescape(c) for c in re.findall(r"<th>(.*?)</th>", header)]
     defined = [html.unescape(t) for t in re.findall(r"<dt>(.*?)</dt>", dom.stdout)]
     assert {"layer", "bi", "probe_pm", "tok_sim", "phase"} <= set(columns) and set(columns) <= set(defined)
-    for text in ("pre_pe: the patch embeddings", "slow start (a flat stretch from block 0", "plateau onset",
+    for text in ("pre_pe: the patch embeddings", f"slow start: {PHASES['slow start']}", "plateau_onset alerts",
                  "Candidates", "a cut qualifies when the upper 95 % confidence bound of its paired validation drop",
                  "the bound decides, not the observed drop", "verdict", "bi: ", "truncation (validated cut)"):
         assert text in html.unescape(body), text

@@ -1,7 +1,15 @@
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from isiwatch import Phases, detect_phases
+from isiwatch.measure.analysis import DEFAULT_PHASE_OPTIONS
+from isiwatch.measure.phases import LINE_NOISE
+
+#: The demo's token_similarity curves, measured by ``benchmarks/demo_curves.py`` (both demos run for real).
+DEMO_CURVES = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "demo" / "curves.json"
 
 
 def cliff_plateau_climb(rng):
@@ -74,3 +82,33 @@ def test_min_layers_is_respected():
     longer = [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0]
     assert detect_phases(longer, min_layers=4).plateau == (1, 4)
     assert detect_phases(longer, min_layers=5) is None
+
+
+def demo_curves():
+    return {run["mode"]: run for run in json.loads(DEMO_CURVES.read_text())["runs"]}
+
+
+def test_the_full_demos_even_rise_has_no_cliff():
+    """Issue 40: the full demo's trained model has a token_similarity curve that rises from 0.125 to 0.297, at about
+    the same slope over blocks 0–8 and faster after; it was printed as "cliff 0–5, plateau 6–8, climb 9–11" (the
+    JSON's ``printed_phases``). A first piece no steeper than the flat stretch after it is no Cliff."""
+    full = demo_curves()["full"]
+    assert full["depth"] == 12 and full["metric"] == "token_similarity"
+    assert detect_phases(full["analysis_curve"], **DEFAULT_PHASE_OPTIONS) is None
+
+
+def test_no_phases_on_a_demo_curve_a_straight_line_fits_within_the_noise():
+    """Every curve of both demos (the analysis and each Watch sample) that a least-squares line fits within the
+    detector's noise level — ``min_range``, or `LINE_NOISE` of the curve's range — at every block has no phases:
+    the quick demo printed "slow start 0–2" and raised slow_start on such curves."""
+    options = DEFAULT_PHASE_OPTIONS
+    within = []
+    for run in demo_curves().values():
+        for curve in [run["analysis_curve"], *(s["curve"] for s in run["samples"])]:
+            y = np.asarray(curve)
+            i = np.arange(len(y))
+            departure = np.abs(y - np.polyval(np.polyfit(i, y, 1), i)).max()
+            if np.ptp(y) > options["min_range"] and departure <= max(options["min_range"], LINE_NOISE * np.ptp(y)):
+                within.append(curve)
+    assert len(within) >= 3  # the demos' early samples: profiles taking shape, still within the noise of a line
+    assert [detect_phases(curve, **options) for curve in within] == [None] * len(within)

@@ -28,6 +28,7 @@ from ..io.checkpoint import save_checkpoint, sha256_of
 from ..io.data import DIGITS_TRAIN, embedded_digits
 from ..measure.analysis import analyze
 from ..measure.tables import analysis_table, phases_line, recommendation_text
+from ..measure.vocabulary import Glossary, alert_words
 from ..truncation.explain import story_lines
 from ..truncation.healing import DIGITS_VIT_ARCH, accuracy, make_digits_vit, train_classifier
 from ..truncation.strategies import DEFAULT_CONFIDENCE
@@ -183,8 +184,12 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
     options = {"every_n_steps": settings.every_n_steps, "log_dir": str(out), "run_name": "demo",
                "prometheus_port": prometheus_port, **(load_yaml(config).watch if config else {})}
 
+    glossary = Glossary()  # each phase word and alert kind is defined the first time it is printed
+
     def print_alert(alert: Alert) -> None:
-        tqdm.write(f"  [{alert.severity}] step {alert.step}: {alert.kind}: {alert.message}")
+        defined = glossary.new(alert_words(alert.kind))
+        tqdm.write(f"  [{alert.severity}] step {alert.step}: {alert.kind}: {alert.message}"
+                   + (f"\n    ({defined})" if defined else ""))
 
     echo(f"training a {settings.depth}-block ViT (width {kwargs['embed_dim']}) on {len(train_x)} embedded MNIST "
          f"digits for {settings.epochs} epochs (peak lr {settings.lr:g}) on {device}; Watch samples every "
@@ -205,9 +210,11 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
                 watch.step(step, loss)
             if watch.last_step == step:
                 ph = watch.history[-1].phases
-                span = f"plateau {ph.plateau[0]}–{ph.plateau[1]}" if ph else "no plateau"
+                span = f"{ph.plateau_name} {ph.plateau[0]}–{ph.plateau[1]}" if ph else "no flat stretch"
                 if span != last_span:
-                    tqdm.write(f"  step {step}: {span} ({watch.options.phase_metric})")
+                    defined = glossary.new([ph.plateau_name] if ph else [])
+                    tqdm.write(f"  step {step}: {span} ({watch.options.phase_metric})"
+                               + (f"\n    ({defined})" if defined else ""))
                     last_span = span
             return watch.should_stop
 

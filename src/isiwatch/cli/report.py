@@ -22,9 +22,9 @@ from .._utils.files import atomic_files, atomic_write
 from ..io.checkpoint import sha256_of
 from ..measure.analysis import Analysis
 from ..measure.metric_table import HEATMAP_METRICS, METRIC_TABLE
-from ..measure.phases import plateau_name
 from ..measure.plots import plot_curves, plot_heatmaps, plot_plateau_timeline
 from ..measure.tables import analysis_rows, recommendation_text
+from ..measure.vocabulary import PHASES, VOCABULARY, legend, plateau_name
 from ..truncation.explain import depth_story, dropped_line, figures_line, judged
 from ..truncation.strategies import STRATEGIES
 from ..truncation.truncate_report import latency_cell, no_cut_line, report_rows, verdict_line
@@ -280,8 +280,8 @@ def _summary(records: RunRecords) -> str:
             ["steps", f"{first['step']} – {last['step']}"],
             ["flat stretch at the last sample",
              f"{plateau_name(span)}, blocks {span[0]}–{span[1]}" if span else "none"],
-            ["plateau onset", _episodes(records.alerts, "plateau_onset")],
-            ["slow start", _episodes(records.alerts, "slow_start")]]
+            ["plateau_onset alerts", _episodes(records.alerts, "plateau_onset")],
+            ["slow_start alerts", _episodes(records.alerts, "slow_start")]]
     if (at_last := _recommendation(last.get("recommendation"))) is not None:
         rows.append(["recommended depth at the last sample (the Watch's probe images)", recommendation_text(at_last)])
     if records.recommendation is not None:
@@ -291,17 +291,24 @@ def _summary(records: RunRecords) -> str:
         kept, depth = len(records.truncation["kept_blocks"]), records.truncation["cost"]["uncut"]["blocks"]
         rows.append(["truncation (validated cut)", f"{kept} of {depth} blocks, {records.truncation['strategy']}"])
     rows.append(["median sample cost", f"{statistics.median(s['duration_s'] for s in records.samples):.3f} s"])
-    return _table(["", ""], rows)
+    return _table(["", ""], rows) + _definitions([*([plateau_name(span)] if span else []), "plateau_onset",
+                                                  "slow_start", "open", "cleared"])
 
 
-#: What the report's terms mean: the phases and the stem points of the per-layer table and plots.
+def _definitions(words: Sequence[str]) -> str:
+    """A definition list of the state words ``words`` (`isiwatch.measure.vocabulary`), under the table that uses
+    them; a word the table does not know (an alert kind of another version) is left out."""
+    items = "".join(f"<dt>{html.escape(w)}</dt><dd>{html.escape(VOCABULARY[w])}</dd>"
+                    for w in dict.fromkeys(words) if w in VOCABULARY)
+    return f'<dl class="glossary">{items}</dl>'
+
+
+#: What the report's terms mean: the phases (`isiwatch.measure.vocabulary`) and the stem points of the per-layer
+#: table and plots.
 TERMS = (
     ("layer", "block index 0…L−1; pre_pe: the patch embeddings before the position embedding; embed: the tokens "
               "entering block 0 (plotted at x = −2 and −1)"),
-    ("phase", "the block's place in the phase metric's profile: cliff (a steep change over the first blocks), "
-              "plateau (a flat stretch after a Cliff: the paper's Plateau, where extra blocks add little), slow start "
-              "(a flat stretch from block 0 with no Cliff before it: the first blocks barely change the curve yet), "
-              "climb (the change after the flat stretch)"),
+    ("phase", "the block's place in the phase metric's profile: " + legend(list(PHASES))),
 )
 
 
@@ -459,6 +466,13 @@ document.body.setAttribute('data-images-loaded',n);document.body.setAttribute('d
 });</script>"""
 
 
+def _alert_definitions(records: RunRecords) -> str:
+    """What each alert kind of the run means, and "cleared" when a record closed an episode."""
+    kinds = [a["kind"].removesuffix("_cleared") for a in records.alerts]
+    cleared = any(a["kind"].endswith("_cleared") for a in records.alerts)
+    return _definitions([*kinds, *(["cleared"] if cleared else [])])
+
+
 def _page(records: RunRecords, plots: dict[str, Path]) -> str:
     alerts = [[a["step"], a["kind"], a["severity"], a["message"]] for a in records.alerts]
     parts = [f"<h1>isiwatch report: {html.escape(records.run_dir.name)}</h1>",
@@ -470,8 +484,8 @@ def _page(records: RunRecords, plots: dict[str, Path]) -> str:
                   _table(header, rows), "<h3>Columns</h3>", _glossary(header)]
     parts += ["<h2>Depth × training step</h2>", _img(plots["heatmaps"], "heat-maps"),
               "<h2>Slow start and plateau over training</h2>", _img(plots["plateau"], "plateau timeline"),
-              "<h2>Alerts</h2>", _table(["step", "kind", "severity", "message"], alerts) if alerts
-              else "<p>No alerts.</p>"]
+              "<h2>Alerts</h2>", _table(["step", "kind", "severity", "message"], alerts) + _alert_definitions(records)
+              if alerts else "<p>No alerts.</p>"]
     if records.truncation:
         parts += ["<h2>Truncation</h2>", _truncation_table(records.truncation)]
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>isiwatch report</title>'

@@ -8,10 +8,13 @@ slow starts (benchmarks/RESULTS.md), not the paper's profile.
 
 The curve is fitted by a continuous three-piece model — a line (Cliff), a constant (Plateau), a line
 (Climb) — over every pair of plateau boundaries, by least squares. Continuity stops the outer pieces from
-absorbing noisy points for free, which keeps the boundaries within ±1 layer at 5 % noise. The best fit is
-a plateau only if it is long enough, really flat (its own free slope small against the slopes around it
-and its total drift within ``flat_tolerance`` of the range) and explains the curve clearly better than a
-single straight line; otherwise the curve has no plateau.
+absorbing noisy points for free, which keeps the boundaries within ±1 layer at 5 % noise. A curve that a straight
+line fits within the noise level (`LINE_NOISE` of its range, or ``min_range``) at every block has no phases. A
+Cliff is steeper than the plateau after it (by ``slope_ratio``); a first piece that is not, or that drifts less
+than ``flat_tolerance``, is no Cliff, and the flat stretch is sought from block 0 instead. The best fit is a plateau
+only if it is long enough, really flat (its own free slope small against the slopes around it and its total drift
+within ``flat_tolerance`` of the range) and explains the curve clearly better than a single straight line;
+otherwise the curve has no plateau.
 """
 
 from __future__ import annotations
@@ -23,8 +26,16 @@ from typing import Any
 import numpy as np
 
 from .._utils.state import COUNT, SPAN, checked, is_count, optional
+from .vocabulary import plateau_name
 
 Span = tuple[int, int]
+
+#: The noise the detector sees through, as a fraction of a curve's range: its boundaries are recovered within ±1
+#: block on piecewise-linear curves with noise up to 5 % of their range (``tests/test_phases.py``), so a curve
+#: within this distance of a straight line at every block is that line plus noise.
+LINE_NOISE = 0.05
+
+__all__ = ["LINE_NOISE", "Phases", "PlateauTracker", "detect_phases", "plateau_name", "spans_near"]
 
 
 @dataclass(frozen=True)
@@ -102,11 +113,12 @@ def detect_phases(
 
     ``min_layers``: shortest plateau, in blocks. ``flat_tolerance``: the plateau's fitted drift end to end,
     as a fraction of the curve's range. ``slope_ratio``: the plateau's slope relative to the steeper of
-    the neighbouring pieces. ``min_gain``: how much more of the curve's variance the three-piece fit must
-    explain than one straight line. ``min_range``: curves whose max − min is below this (in the metric's own
-    units) count as flat — it keeps noise on an untrained model from reading as a profile. Returns None for
-    curves without a plateau (including flat ones); raises ValueError for curves shorter than 4 points or
-    with NaN/Inf.
+    the neighbouring pieces, and at most relative to the Cliff's. ``min_gain``: how much more of the curve's
+    variance the three-piece fit must explain than one straight line. ``min_range``: curves whose max − min is
+    below this (in the metric's own units) count as flat — it keeps noise on an untrained model from reading as a
+    profile — and departures from a straight line below it are noise (`LINE_NOISE`). Returns None for curves
+    without a plateau (including flat ones and those a line fits within the noise); raises ValueError for curves
+    shorter than 4 points or with NaN/Inf.
     """
     y = np.asarray(curve, dtype=float)
     if y.ndim != 1 or len(y) < 4:
@@ -120,8 +132,10 @@ def detect_phases(
         return None
     y = (y - lo) / (hi - lo)
     n = len(y)
-    i = np.arange(n, dtype=float)
-    line_sse, _ = _sse(np.stack([np.ones(n), i], 1), y)
+    line = np.stack([np.ones(n), np.arange(n, dtype=float)], 1)
+    line_sse, line_coef = _sse(line, y)
+    if np.abs(y - line @ line_coef).max() <= max(LINE_NOISE, min_range / (hi - lo)):
+        return None  # a straight line within the noise at every block: no phase to tell apart
 
     sse, s, e, coef = _best_fit(y, range(0, n - min_layers + 1), min_layers)
     # An outer piece that drifts less than the tolerance is part of the plateau, not a phase: refit without.
@@ -129,18 +143,18 @@ def detect_phases(
         sse, s, e, coef = _best_fit(y, [0], min_layers)
     elif e < n - 1 and abs(coef[-1]) * (n - 1 - e) <= flat_tolerance:
         sse, s, e, coef = _best_fit(y, range(0, n - min_layers + 1), min_layers, pin_end=True)
-    outer = [abs(c) for c in coef[1:]]
     mid_slope = abs(_free_slope(y[s:e + 1]))
+    # Nor is a first piece no steeper than the plateau after it a Cliff (a curve that rises evenly, then faster):
+    # refit with the flat stretch from block 0, keeping a plateau that reached the last block there.
+    if s > 0 and mid_slope > slope_ratio * abs(coef[1]):
+        sse, s, e, coef = _best_fit(y, [0], min_layers, pin_end=e == n - 1)
+        mid_slope = abs(_free_slope(y[s:e + 1]))
+    outer = [abs(c) for c in coef[1:]]
     flat = mid_slope * (e - s) <= flat_tolerance and (not outer or mid_slope <= slope_ratio * max(outer))
     gain = (line_sse - sse) / float(((y - y.mean()) ** 2).sum())
     if not flat or not outer or gain < min_gain:
         return None
     return Phases(plateau=(s, e), cliff=(0, s - 1) if s > 0 else None, climb=(e + 1, n - 1) if e < n - 1 else None)
-
-
-def plateau_name(span: Span) -> str:
-    """"slow start" for a flat stretch from block 0 (no Cliff before it), else "plateau" (the paper's)."""
-    return "slow start" if span[0] == 0 else "plateau"
 
 
 def spans_near(a: Span, b: Span, tolerance: int) -> bool:

@@ -112,7 +112,7 @@ def plot_curves(analysis: Analysis, path: str | Path, metrics: list[str] | None 
                        label="before block 0: pre_pe (patch embeddings), embed (block 0's input)")]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     title = f"phases of {analysis.phase_metric}: "
-    title += (f"{phases.plateau_name} {phases.plateau[0]}–{phases.plateau[1]}" if phases else "no plateau")
+    title += (f"{phases.plateau_name} {phases.plateau[0]}–{phases.plateau[1]}" if phases else "no flat stretch")
     fig.suptitle(title, fontsize=10, y=1 - 0.05 / fig.get_size_inches()[1], va="top")
     return _save(fig, path)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from .analysis import Analysis
 from .metric_table import METRIC_TABLE
+from .vocabulary import legend
 
 #: The column label of each metric (the metric table's ``label``).
 SHORT_NAMES = {m.name: m.label for m in METRIC_TABLE}
@@ -53,12 +54,14 @@ def analysis_table(analysis: Analysis) -> str:
 
 
 def phases_line(analysis: Analysis) -> str:
+    """The phases of the analysis's phase metric, then a line defining each phase word it uses."""
     ph = analysis.phases
     if ph is None:
-        return f"phases ({analysis.phase_metric}): no plateau detected"
-    parts = [f"{ph.plateau_name if name == 'plateau' else name} {span[0]}–{span[1]}"
-             for name in ("cliff", "plateau", "climb") if (span := getattr(ph, name))]
-    return f"phases ({analysis.phase_metric}): " + ", ".join(parts)
+        return f"phases ({analysis.phase_metric}): no flat stretch (no plateau, no slow start)"
+    spans = [(name, span) for name in ("cliff", "plateau", "climb") if (span := getattr(ph, name))]
+    words = [ph.plateau_name if name == "plateau" else name for name, _ in spans]
+    parts = [f"{word} {span[0]}–{span[1]}" for word, (_, span) in zip(words, spans)]
+    return f"phases ({analysis.phase_metric}): " + ", ".join(parts) + "\n  " + legend(words)
 
 
 def recommendation_text(recommendation: Mapping[str, Any]) -> str:

@@ -1,12 +1,9 @@
 """Alerts: the rules that decide each alert kind's condition at a sample, and the episode logic that emits
 each alert once.
 
-Rules (`AlertRules`): ``non_finite`` (a non-finite value in any curve or the loss), ``plateau_onset``
-(the plateau tracker's onset, for a plateau after a Cliff: the paper's), ``slow_start`` (the same for a plateau
-from block 0, with no Cliff before it: the first blocks barely change the curve yet; see
-`isiwatch.measure.phases`), ``isi_stall`` (mean ISI rose by less than a relative ``min_rise`` over a window of
-samples while the loss fell by more than a relative ``min_loss_drop``), ``cls_marginalized`` (the [CLS] probe
-below the mean-patch probe at the last block) and ``norm_friction_high`` (`isiwatch.watch.friction`).
+Rules (`AlertRules`): ``non_finite``, ``plateau_onset``, ``slow_start``, ``isi_stall``, ``cls_marginalized`` and
+``norm_friction_high`` (`isiwatch.watch.friction`); what each means is its line in
+`isiwatch.measure.vocabulary.ALERTS`, the one table the terminal, the report and the docs render.
 
 A condition that becomes true opens an episode and emits one [`Alert`][isiwatch.Alert]; while it stays true nothing
 more is emitted; when it goes away a ``<kind>_cleared`` record closes the episode. Sinks receive every
@@ -24,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._utils.state import checked, is_count
-from ..measure.phases import plateau_name
+from ..measure.vocabulary import ALERTS, PHASES, plateau_name
 from .friction import friction_alert
 
 if TYPE_CHECKING:
@@ -34,9 +31,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("isiwatch")
 
 SEVERITY_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}
-#: Alert kinds and their severity.
+#: The alert kinds that open episodes and their severity (the two action records, ``early_stop`` and
+#: ``blocks_frozen``, open none); each kind's meaning is in `isiwatch.measure.vocabulary.ALERTS`.
 ALERT_KINDS = {"plateau_onset": "warning", "slow_start": "info", "isi_stall": "warning", "cls_marginalized": "info",
                "non_finite": "critical", "norm_friction_high": "info", "monitor_error": "warning"}
+assert set(ALERT_KINDS) <= set(ALERTS)
 
 
 @dataclass
@@ -84,11 +83,10 @@ def plateau_onset(sample: Sample, tracker: PlateauTracker, metric: str, kind: st
     held = tracker.span
     active = tracker.active and held is not None and (plateau_name(held) == "slow start") == (kind == "slow_start")
     if ph is None:
-        message = "plateau gone"
-    elif ph.slow_start:
-        message = f"slow start: blocks {ph.plateau[0]}–{ph.plateau[1]} of {metric} barely change it (no Cliff before)"
+        message = f"no flat stretch in {metric} at this sample"
     else:
-        message = f"plateau over blocks {ph.plateau[0]}–{ph.plateau[1]} of {metric}, after a Cliff"
+        message = (f"{ph.plateau_name} over blocks {ph.plateau[0]}–{ph.plateau[1]} of {metric} "
+                   f"({PHASES[ph.plateau_name]})")
     return Condition(active, message,
                      {"plateau": list(ph.plateau) if ph else None, "onset_step": tracker.onset_step, "metric": metric})
 

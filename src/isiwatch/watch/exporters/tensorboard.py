@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...measure.plots import HeatmapPanel
+from ...measure.vocabulary import alert_words, legend
 from ..alerts import Alert
 from ..sample import Sample
 from .base import Exporter, SampleContext, present_series
@@ -44,6 +45,11 @@ if TYPE_CHECKING:
 RENDER_PAUSE = 4.0
 #: The render thread's nice value (the lowest priority).
 RENDER_NICE = 19
+
+
+def alert_text(alert: Alert) -> str:
+    """An alert record as TensorBoard's text (Markdown): kind, severity and message, then what the kind means."""
+    return f"**{alert.kind}** ({alert.severity}): {alert.message}\n\n{legend(alert_words(alert.kind))}".rstrip()
 
 
 class _QuietWriterThreads:
@@ -246,8 +252,7 @@ class TensorBoardExporter(Exporter):
 
     def write_alert(self, alert: Alert) -> None:
         try:
-            self.writer.add_text("isiwatch/alerts", f"**{alert.kind}** ({alert.severity}): {alert.message}",
-                                 alert.step, walltime=alert.time)
+            self.writer.add_text("isiwatch/alerts", alert_text(alert), alert.step, walltime=alert.time)
             self.writer.flush()
         except Exception:
             self._drop_writer()
