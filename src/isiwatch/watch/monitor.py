@@ -56,6 +56,21 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
+#: The device types whose autocast `_own_numerics` turns off (torch's autocast devices that isiwatch runs on).
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
+
+
+def _own_numerics(model: nn.Module) -> contextlib.ExitStack:
+    """Autocast off, on the CPU and on every device the model lives on, for the Watch's own forward passes: a
+    training loop that calls ``step()`` inside ``torch.autocast`` must not change the probe pass's dtypes (its taps
+    compute in the model's own dtype), and the caller's autocast state is back as it was on exit."""
+    stack = contextlib.ExitStack()
+    devices = {"cpu"} | {p.device.type for p in model.parameters() if p.device.type in _AUTOCAST_DEVICES}
+    for device in sorted(devices):
+        stack.enter_context(torch.autocast(device, enabled=False))
+    return stack
+
+
 def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
@@ -215,7 +230,8 @@ class Watch:
                 self.exporters.append(self._prometheus)
             self.exporters += exporters
         self._alert_callback = alert_callback
-        sinks: list[AlertSink] = [log_sink, self._write_alert]
+        self._emitted: list[Alert] = []  # the records dispatched during the sample in progress
+        sinks: list[AlertSink] = [self._emitted.append, log_sink, self._write_alert]
         if alert_callback is not None:
             sinks.append(self._call_back)
         self.alerts = AlertEngine(self.run, sinks)
@@ -314,7 +330,9 @@ class Watch:
         """Call after every optimizer step; samples when ``global_step`` is a multiple of ``every_n_steps``.
 
         ``loss`` (optional, read only on sampling steps and by [`finish`][isiwatch.Watch.finish]) feeds the
-        ``isi_stall`` alert and the ``loss`` series. Returns the alert records emitted at this step.
+        ``isi_stall`` alert and the ``loss`` series. Returns every record emitted at this step, in the order they
+        were dispatched: alert episodes opening and clearing, ``early_stop``, ``blocks_frozen`` and the Watch's own
+        ``monitor_error``/``monitor_error_cleared`` and ``sampling_stretched`` records (empty between samples).
         """
         self._seen_step, self._seen_loss = global_step, loss
         if global_step % self.interval or global_step == self.last_step:
@@ -328,7 +346,8 @@ class Watch:
         The final sample is recorded and exported, but updates no policy: not early stopping (training is over,
         and ``stop_reason`` must not claim a stop that did not happen), and neither the alert episodes nor onset
         tracking. The frameworks write their last checkpoint before it, so a run resumed from that checkpoint
-        would repeat an opening or a clearing the final sample had recorded. Returns no alert records.
+        would repeat an opening or a clearing the final sample had recorded. Returns the records it emitted: only the
+        Watch's own (``monitor_error`` and its clearing), as no policy runs.
         [`close`][isiwatch.Watch.close] calls it; the integrations call it earlier, while the framework's loggers are
         open."""
         if self._seen_step is None or self._seen_step == self.last_step:
@@ -336,23 +355,27 @@ class Watch:
         return self._sample(self._seen_step, self._seen_loss, policies=False)
 
     def sample(self, global_step: int, loss: float | Tensor | None = None) -> list[Alert]:
-        """Run one probe pass now, regardless of ``every_n_steps``."""
+        """Run one probe pass now, regardless of ``every_n_steps``; returns the records emitted, as
+        [`step`][isiwatch.Watch.step]."""
         return self._sample(global_step, loss, policies=True)
 
     def _sample(self, global_step: int, loss: float | Tensor | None, policies: bool) -> list[Alert]:
         if self.disabled:
             return []
         begin = time.perf_counter()
+        self._emitted.clear()
         try:
-            return self._sample_now(global_step, loss, policies, begin)
+            with _own_numerics(self._probe_model):
+                self._sample_now(global_step, loss, policies, begin)
+            return list(self._emitted)
         finally:
+            self._emitted.clear()
             self._last_end, self._last_end_step = time.perf_counter(), global_step
             if self._measured_at is not None:  # what this sample did after measuring is charged to the next
                 self._after_measure_s += self._last_end - self._measured_at
                 self._measured_at = None
 
-    def _sample_now(self, global_step: int, loss: float | Tensor | None, policies: bool,
-                    begin: float) -> list[Alert]:
+    def _sample_now(self, global_step: int, loss: float | Tensor | None, policies: bool, begin: float) -> None:
         """One sample; ``policies``: also update onset tracking, alert episodes, early stopping and the interval
         (all but the final sample)."""
         self.last_step = global_step
@@ -368,27 +391,28 @@ class Watch:
         self._charge(sample if failure is None else None, begin, measured)
         # every rank takes part in the same collectives in the same order, whatever failed where
         if self._any_rank(failure is not None):
-            return self._skip(global_step, failure or "it failed on another rank")
+            self._skip(global_step, failure or "it failed on another rank")
+            return
         self._samples_taken += 1
         self._failed_in_a_row = 0
         self.faults.recovered("probe pass", global_step)
         self.history.append(sample)
-        alerts = self._update_policies(sample, probes) if policies else []
+        if policies:
+            self._update_policies(sample, probes)
         self._each("write_sample", sample, self._context())
-        return alerts
 
-    def _update_policies(self, sample: Sample, probes: bool) -> list[Alert]:
-        """Onset tracking, alert episodes, early stopping and the budget's interval, updated with ``sample``
-        (``probes``: it has its linear probes); the alert records emitted."""
+    def _update_policies(self, sample: Sample, probes: bool) -> None:
+        """Onset tracking, alert episodes, early stopping, the freeze policy and the budget's interval, updated
+        with ``sample`` (``probes``: it has its linear probes)."""
         try:
             self.tracker.update(sample.step, sample.phases)
-            alerts = self.alerts.update(sample.step, self.rules.conditions(sample, self.tracker))
+            self.alerts.update(sample.step, self.rules.conditions(sample, self.tracker))
             reason = self._stop_reason(sample, probes)
         except Exception as exc:
             if self.options.strict:
                 raise
             self.faults.failed("alert rules", sample.step, exc)
-            alerts, reason = [], None
+            reason = None
         if self._any_rank(reason is not None) and not self.should_stop:
             self.should_stop = True
             self.stop_reason = reason or "another rank requested the stop"
@@ -398,7 +422,6 @@ class Watch:
             self._freeze(sample.step)
         if self.options.overhead_budget is not None:
             self._fit_budget(sample.overhead_ratio, self.options.overhead_budget)
-        return alerts
 
     def _freeze(self, step: int) -> None:
         """The freeze policy at this sample; every rank freezes the same prefix at the same step (the smallest
@@ -494,7 +517,7 @@ class Watch:
                            with_isi_recon=opts.with_isi_recon, phase_metric=opts.phase_metric,
                            phase_options={"min_layers": opts.min_layers}, parts=self._parts)
 
-    def _skip(self, global_step: int, failure: Exception | str) -> list[Alert]:
+    def _skip(self, global_step: int, failure: Exception | str) -> None:
         """A sample that failed (here or on another rank): report it, and disable the Watch after
         ``max_consecutive_failures`` in a row."""
         self.faults.failed("probe pass", global_step, failure)
@@ -504,7 +527,6 @@ class Watch:
             self.faults.report(Alert(FAULT_KIND, global_step, time.time(), self.run, "critical",
                                      f"isiwatch disabled itself after {self._failed_in_a_row} failed samples in a "
                                      f"row; training continues unmonitored", {"source": "watch", "disabled": True}))
-        return []
 
     def _stop_reason(self, sample: Sample, probes: bool) -> str | None:
         """Update the early-stopping policies with ``sample`` (a sample without its probes, under
