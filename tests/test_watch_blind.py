@@ -2,6 +2,9 @@
 construction, every record returned by ``step()``, a bounded sampling interval, network deadlines and faults that
 heal completely."""
 
+import logging
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -72,3 +75,94 @@ def test_step_returns_freeze_and_stop_records():
     kinds = [r.kind for r in returned]
     assert "blocks_frozen" in kinds and "early_stop" in kinds
     assert returned == seen  # every record the Watch emitted at those steps, in order, and nothing else
+
+
+def train_steps(model, watch, steps, before_step=lambda step: None, batch=64):
+    """A real training loop on random digits-sized data; returns every record ``step()`` returned."""
+    gen = torch.Generator().manual_seed(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model.train()
+    returned = []
+    for step in range(1, steps + 1):
+        before_step(step)
+        x = torch.randn(batch, 1, 28, 28, generator=gen)
+        y = torch.randint(0, 10, (batch,), generator=gen)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if watch is not None:
+            returned += watch.step(step, loss)
+    return returned
+
+
+def stall_once(model, seconds):
+    """A forward hook that sleeps ``seconds`` in the first probe pass after ``armed`` is set (the probe pass runs
+    without gradients, training with them): one stalled probe pass, as a descheduled process or a slow disk."""
+    state = {"armed": False}
+
+    def hook(*_):
+        if state["armed"] and not torch.is_grad_enabled():
+            state["armed"] = False
+            state["stalled"] = True
+            time.sleep(seconds)
+
+    model.blocks[0].register_forward_hook(hook)
+    return state
+
+
+def test_one_stalled_probe_pass_stretches_the_interval_once_and_sampling_goes_on(capsys):
+    base = 2
+    runs = []
+    for watched in (False, True):
+        model = tiny()
+        torch.manual_seed(0)
+        stall = stall_once(model, 1.0)
+        watch = Watch(model, probe(4), every_n_steps=base, overhead_budget=0.9) if watched else None
+        records = train_steps(model, watch, 66, lambda step, stall=stall: step == 7 and stall.update(armed=True))
+        runs.append((model.state_dict(), torch.get_rng_state()))
+    (a, rng_a), (b, rng_b) = runs
+    assert all(torch.equal(a[k], b[k]) for k in a) and torch.equal(rng_a, rng_b)
+    assert stall["stalled"]
+    changes = [r for r in records if r.kind == "sampling_interval"]
+    assert changes and changes[0].step == 8, "the stalled sample stretched the interval"
+    for record in changes:
+        assert record.data["interval"] <= max(record.data["previous"] * 2, base)
+        assert record.data["interval"] <= record.data["max_interval"] == base * 16
+    steps = [s.step for s in watch.history]
+    assert len(steps) >= 10 and max(b - a for a, b in zip(steps, steps[1:])) <= base * 16
+
+
+def test_the_interval_never_passes_its_maximum_and_says_so_once(capsys, monkeypatch):
+    monkeypatch.setattr(logging.root, "handlers", [])  # as in a script that set up no logging (pytest's is gone)
+    # step() with no training between: the overhead ratio is far above the budget at every sample
+    watch = Watch(tiny(), probe(4), every_n_steps=1, overhead_budget=0.001)
+    records = []
+    for step in range(1, 200):
+        records += watch.step(step)
+    intervals = [r.data["interval"] for r in records if r.kind == "sampling_interval"]
+    assert intervals == [2, 4, 8, 16] and watch.interval == 16  # doubled per sample, then held at the maximum
+    steps = [s.step for s in watch.history]
+    assert steps[-1] >= 192 and max(b - a for a, b in zip(steps, steps[1:])) == 16  # still sampling
+    lines = [line for line in capsys.readouterr().err.splitlines() if "sampling every" in line]
+    assert lines == ["isiwatch: warning: step 4: sampling every 4 steps instead of every_n_steps=1: the Watch's "
+                     "overhead (ratio " + lines[0].split("(ratio ")[1].split(")")[0] + ") is over "
+                     "overhead_budget=0.001; it never samples less often than every 16 steps"]
+
+
+def test_an_impossible_clock_reading_is_discarded(monkeypatch):
+    from isiwatch.watch import monitor
+
+    offset = [0.0]
+    monkeypatch.setattr(monitor, "_clock", lambda: time.monotonic() + offset[0])
+    watch = Watch(tiny(), probe(4), every_n_steps=1, overhead_budget=0.5)
+    records = watch.step(1)
+    for jump in (-1000.0, 10.0**9):  # the clock steps back, then leaps forward (a broken clock source)
+        offset[0] += jump
+        time.sleep(0.05)  # some training time between samples
+        records += watch.step(len(watch.history) + 1)
+        assert watch.history[-1].overhead_ratio is None and watch.history[-1].overhead_s is None
+    assert watch.interval == 1 and not [r for r in records if r.kind == "sampling_interval"]
+    time.sleep(0.05)
+    watch.step(4)
+    assert watch.history[-1].overhead_ratio is not None  # readings count again once the clock is sane

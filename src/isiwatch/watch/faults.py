@@ -33,7 +33,7 @@ def logging_configured(log: logging.Logger = logger) -> bool:
     return False
 
 
-def _to_stderr(line: str) -> None:
+def to_stderr(line: str) -> None:
     """Print ``line`` on stderr when no logging is set up; a closed or missing stderr loses the line, never raises."""
     if logging_configured() or sys.stderr is None:
         return
@@ -51,7 +51,7 @@ def warn(message: str) -> None:
         message: One line, without the ``isiwatch:`` prefix.
     """
     logger.warning("isiwatch: %s", message)
-    _to_stderr(f"isiwatch: warning: {message}")
+    to_stderr(f"isiwatch: warning: {message}")
 
 
 #: The most characters of a failure's reason a record or a stderr line carries.
@@ -135,5 +135,5 @@ class FaultLog:
         """Print ``record`` on stderr when no logging is set up (and ``echo``), then dispatch it to the Watch's
         sinks (printed first: a sink may report a failure of its own, whose line then follows this one)."""
         if self.echo:
-            _to_stderr(f"isiwatch: [{record.kind}] step {record.step}: {record.message}")
+            to_stderr(f"isiwatch: [{record.kind}] step {record.step}: {record.message}")
         self.alerts.dispatch(record)
