@@ -3,6 +3,8 @@ construction, every record returned by ``step()``, a bounded sampling interval, 
 heal completely."""
 
 import logging
+import socket
+import threading
 import time
 
 import pytest
@@ -12,6 +14,7 @@ from torch import nn
 from isiwatch import Watch
 from isiwatch.truncation.healing import make_digits_vit
 from isiwatch.watch.config import ConfigError, build_options, load_yaml
+from isiwatch.watch.exporters import prometheus
 from isiwatch.watch.freezing import FreezePolicy
 
 
@@ -166,3 +169,90 @@ def test_an_impossible_clock_reading_is_discarded(monkeypatch):
     time.sleep(0.05)
     watch.step(4)
     assert watch.history[-1].overhead_ratio is not None  # readings count again once the clock is sane
+
+
+class BadGateway:
+    """A real local socket server that reads each request and then trickles its answer one byte every 0.1 s
+    (``trickle``) or holds the connection without a byte (``hold``), until the client hangs up."""
+
+    def __init__(self, mode):
+        self.mode, self.connections = mode, 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        with conn:
+            try:
+                conn.recv(65536)
+                answer = b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 10**6
+                for byte in answer if self.mode == "trickle" else ():
+                    conn.sendall(bytes([byte]))
+                    time.sleep(0.1)
+                while conn.recv(65536):  # hold: wait for the client to hang up
+                    pass
+            except OSError:
+                pass
+
+    def close(self):
+        self.server.close()
+
+
+def test_a_gateway_that_trickles_or_holds_is_a_fault_and_close_is_bounded(monkeypatch):
+    monkeypatch.setattr(prometheus, "PUSH_DEADLINE", 1.0)  # the real 5 s and 1 s, shortened to keep the test quick
+    monkeypatch.setattr(prometheus, "MIN_PUSH_DEADLINE", 0.5)
+    gateways = {mode: BadGateway(mode) for mode in ("trickle", "hold")}  # watched side by side: one wait for both
+    records = {mode: [] for mode in gateways}
+    watches = {mode: Watch(tiny(), probe(4), every_n_steps=1, pushgateway=f"127.0.0.1:{gateway.port}",
+                           alert_callback=records[mode].append) for mode, gateway in gateways.items()}
+    closing = {}
+
+    def sample(step):
+        time.sleep(0.3)  # training between samples
+        for watch in watches.values():
+            watch.step(step, 1.0)
+
+    try:
+        for step in range(1, 11):  # the first push has the full (shortened) 1 s deadline, the next ones 0.5 s
+            sample(step)
+        for mode, watch in watches.items():
+            start = time.monotonic()
+            watch.close()
+            closing[mode] = time.monotonic() - start
+    finally:
+        for gateway in gateways.values():
+            gateway.close()
+    for mode, watch in watches.items():
+        assert closing[mode] < 2.5, f"{mode}: close() took {closing[mode]:.1f} s"  # 2 s for the pusher, 0.5 spare
+        assert len(watch.history) == 10  # sampling never waited for the gateway
+        faults = [r for r in records[mode] if r.kind == "monitor_error"]
+        assert len(faults) == 1 and faults[0].data["source"] == "exporter PrometheusExporter", mode
+        assert "TimeoutError: the push gateway did not answer within 1.0 s" in faults[0].message
+        assert gateways[mode].connections >= 3  # a stuck push does not stop the next ones
+        assert watch.faults.counts["exporter PrometheusExporter"] >= 3  # close() counted its aborted last push
+
+
+def test_close_reports_a_last_push_it_had_to_abort():
+    gateway = BadGateway("hold")
+    records = []
+    watch = Watch(tiny(), probe(4), every_n_steps=1, pushgateway=f"127.0.0.1:{gateway.port}",
+                  alert_callback=records.append)
+    try:
+        watch.step(1, 1.0)
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt), watch:  # a signal handler that exits through the with block
+            raise KeyboardInterrupt
+        assert time.monotonic() - start < 2.2
+    finally:
+        gateway.close()
+    (fault,) = [r for r in records if r.kind == "monitor_error"]
+    assert "did not take the last sample within 1.5 s of close()" in fault.message
