@@ -10,6 +10,7 @@ source are counted, not repeated; its next success closes the episode with a ``m
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import time
@@ -52,6 +53,21 @@ def warn(message: str) -> None:
     """
     logger.warning("isiwatch: %s", message)
     to_stderr(f"isiwatch: warning: {message}")
+
+
+def import_cleanly(*names: str) -> None:
+    """Import the modules ``names``, all or none: when one fails half-way (no file descriptor left, no memory),
+    every module the attempt added to ``sys.modules`` is removed before the failure is raised, so the next attempt
+    imports afresh. Left in place, a package's submodules would keep the half-initialised package for good
+    (matplotlib's then lacks ``get_data_path`` until the process ends)."""
+    before = set(sys.modules)
+    try:
+        for name in names:
+            importlib.import_module(name)
+    except BaseException:
+        for added in set(sys.modules) - before:
+            sys.modules.pop(added, None)
+        raise
 
 
 #: The most characters of a failure's reason a record or a stderr line carries.
