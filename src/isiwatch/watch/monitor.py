@@ -439,6 +439,8 @@ class Watch:
                 raise
             self.faults.failed("alert rules", sample.step, exc)
             reason = None
+        else:
+            self.faults.recovered("alert rules", sample.step)
         if self._any_rank(reason is not None) and not self.should_stop:
             self.should_stop = True
             self.stop_reason = reason or "another rank requested the stop"
