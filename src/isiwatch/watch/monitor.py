@@ -185,7 +185,8 @@ class Watch:
     (an out-of-memory error is retried once in chunks a quarter the size) skips that sample, an exporter that
     raises is skipped for that call and tried again at the next, and each failing part is reported once, as a
     ``monitor_error`` alert record (and one line on stderr when the application set up no logging), and again
-    when it recovers. The model, its modes and the RNG streams are left as they were either way.
+    when it has worked twice in a row (`isiwatch.watch.faults.CLEAR_AFTER`: a fault that comes and goes is one
+    episode). The model, its modes and the RNG streams are left as they were either way.
 
     Under torch.distributed every rank runs the probe pass (required for sharded models); a failure on any rank
     makes every rank skip that sample, and all ranks reach the same stop decision; only rank 0 exports.
