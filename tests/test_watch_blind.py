@@ -31,10 +31,32 @@ def test_step_inside_cpu_autocast_samples_and_leaves_autocast_on():
     watch = Watch(model, probe(), every_n_steps=1, strict=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         watch.step(1)
-        assert torch.is_autocast_enabled("cpu")  # the caller's context is back as it was
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16  # as it was
     reference = Watch(tiny(), probe(), every_n_steps=1, strict=True)
     reference.step(1)
     assert watch.history[-1].layers == reference.history[-1].layers  # the same float32 pass, autocast or not
+
+
+def test_a_loop_that_steps_inside_autocast_trains_bit_identically():
+    runs = []
+    for watched in (False, True):
+        model = tiny()
+        torch.manual_seed(0)
+        watch = Watch(model, probe(4), every_n_steps=2, strict=True) if watched else None
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(0)
+        for step in range(1, 7):
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # the whole iteration, step() included
+                x, y = torch.randn(16, 1, 28, 28, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+                loss = nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if watch is not None:
+                    watch.step(step, loss)
+        runs.append((model.state_dict(), torch.get_rng_state(), watch and len(watch.history)))
+    (a, rng_a, _), (b, rng_b, samples) = runs
+    assert samples == 3 and all(torch.equal(a[k], b[k]) for k in a) and torch.equal(rng_a, rng_b)
 
 
 def test_a_bf16_model_inside_autocast_samples():
