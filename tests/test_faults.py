@@ -120,7 +120,7 @@ def test_a_probe_pass_that_fails_twice_is_reported_once_and_cleared(digits, unwa
     assert [s.step for s in watch.history] == [6, 8, 10, 12] and not watch.disabled
     alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     faults = [(a["kind"], a["step"]) for a in alerts if a["kind"].startswith("monitor_error")]
-    assert faults == [("monitor_error", 2), ("monitor_error_cleared", 6)]
+    assert faults == [("monitor_error", 2), ("monitor_error_cleared", 8)]  # 6 and 8 worked: two in a row
     assert "after 2 failures since step 2" in next(a["message"] for a in alerts if a["kind"].endswith("cleared"))
     counted = watch.prometheus.registry.get_sample_value(
         "isiwatch_alerts_total", {"run": watch.run, "kind": "monitor_error"})
@@ -411,7 +411,7 @@ def test_a_failure_on_one_rank_makes_every_rank_skip_that_sample(tmp_path):
     # rank 0 speaks for the job; rank 1, whose probe pass failed, stays silent (no logging set up there)
     assert ranks[0]["stderr"] == [
         "isiwatch: [monitor_error] step 2: probe pass failed (it failed on another rank); the sample's other parts "
-        "and training continue", "isiwatch: [monitor_error_cleared] step 4: probe pass works again after 1 failure "
+        "and training continue", "isiwatch: [monitor_error_cleared] step 6: probe pass works again after 1 failure "
         "since step 2"]
     assert ranks[1]["stderr"] == []
 
@@ -503,7 +503,7 @@ def test_a_log_dir_made_read_only_mid_run_is_reported_once_and_recovers(digits, 
     assert_unperturbed(result, unwatched)
     episodes = log_dir_faults(records)
     for source in ("exporter JsonlExporter", "exporter TensorBoardExporter"):
-        assert episodes[source] == [("monitor_error", 4), ("monitor_error_cleared", 8)], episodes
+        assert episodes[source] == [("monitor_error", 4), ("monitor_error_cleared", 9)], episodes
     steps = [json.loads(line)["step"] for line in (own_disk / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [8, 9, 10, 11, 12]  # the writable disk that came back holds what was written since
     events = EventAccumulator(str(own_disk / "run"))
@@ -528,9 +528,9 @@ def test_a_log_dir_deleted_mid_run_is_reported_once_and_recreated(digits, unwatc
     # the next one writes into a re-created log_dir (TensorBoard's writer opens its file per write, so its own
     # write fails, and its next one, maybe the same sample's, re-creates the folder)
     episodes = log_dir_faults(records)
-    assert episodes["exporter JsonlExporter"] == [("monitor_error", 5), ("monitor_error_cleared", 6)], episodes
+    assert episodes["exporter JsonlExporter"] == [("monitor_error", 5), ("monitor_error_cleared", 7)], episodes
     assert episodes["exporter TensorBoardExporter"] in ([("monitor_error", 5), ("monitor_error_cleared", s)]
-                                                         for s in (5, 6)), episodes
+                                                         for s in (6, 7)), episodes
     assert "was deleted" in next(r.message for r in records if r.data.get("source") == "exporter JsonlExporter")
     steps = [json.loads(line)["step"] for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [6, 7, 8, 9, 10, 11, 12]
@@ -641,7 +641,7 @@ def test_a_heatmap_render_that_fails_in_the_background_is_reported_once_and_clea
     assert_unperturbed(result, unwatched)
     assert calls[:2] == [2, 4]  # the render of step 2 failed; the one of step 4 started all the same
     episodes = log_dir_faults(records)
-    assert episodes == {"exporter TensorBoardExporter": [("monitor_error", 4), ("monitor_error_cleared", 6)]}
+    assert episodes == {"exporter TensorBoardExporter": [("monitor_error", 4), ("monitor_error_cleared", 8)]}
     assert "heat-map render out of memory" in next(r.message for r in records if r.kind == "monitor_error")
     events = EventAccumulator(str(log_dir), size_guidance={"images": 0})
     events.Reload()
@@ -733,7 +733,7 @@ def test_a_closed_stderr_never_lets_the_reports_into_the_logs(tmp_path):
     records = read_run(tmp_path / "run", warn=pytest.fail)  # every line of both logs is JSON
     assert [s["step"] for s in records.samples] == [6, 8]
     faults = [(a["kind"], a["step"]) for a in records.alerts if a["kind"].startswith("monitor_error")]
-    assert faults == [("monitor_error", 2), ("monitor_error_cleared", 6)]
+    assert faults == [("monitor_error", 2), ("monitor_error_cleared", 8)]
     events = EventAccumulator(str(tmp_path / "run"))
     events.Reload()
     assert [e.step for e in events.Scalars("isiwatch/isi/layer_00")] == [6, 8]
@@ -742,8 +742,8 @@ def test_a_closed_stderr_never_lets_the_reports_into_the_logs(tmp_path):
 # -- the user's alert_callback raises ----------------------------------------------------------------------------
 def test_an_alert_callback_that_raises_is_reported_once_and_cleared(digits, unwatched, capsys, monkeypatch):
     """Reported like every contained failure (a monitor_error record and, without logging set up, one line on
-    stderr), not only to the ``isiwatch`` logger, whose handler is a NullHandler then; cleared by the next record
-    of another episode that the callback takes."""
+    stderr), not only to the ``isiwatch`` logger, whose handler is a NullHandler then; cleared once the callback
+    has taken two records of another episode in a row (`faults.CLEAR_AFTER`)."""
     x, y, px, py = digits
     monkeypatch.setattr(logging.root, "handlers", [])  # as in a script that set up no logging
     model = tiny_vit()
@@ -764,11 +764,11 @@ def test_an_alert_callback_that_raises_is_reported_once_and_cleared(digits, unwa
                      "norm_friction_high (injected)); the sample's other parts and training continue",
                      "isiwatch: [monitor_error] step 4: probe pass failed (RuntimeError: probe pass failed "
                      "(injected)); the sample's other parts and training continue",
-                     "isiwatch: [monitor_error_cleared] step 4: alert_callback works again after 2 failures since "
-                     "step 2",
-                     "isiwatch: [monitor_error_cleared] step 6: probe pass works again after 1 failure since step 4"]
-    assert taken == [("monitor_error", "probe pass", 4), ("monitor_error_cleared", "alert_callback", 4),
-                     ("monitor_error_cleared", "probe pass", 6)]
+                     "isiwatch: [monitor_error_cleared] step 8: probe pass works again after 1 failure since step 4",
+                     "isiwatch: [monitor_error_cleared] step 8: alert_callback works again after 2 failures since "
+                     "step 2"]
+    assert taken == [("monitor_error", "probe pass", 4), ("monitor_error_cleared", "probe pass", 8),
+                     ("monitor_error_cleared", "alert_callback", 8)]
 
 
 # -- a Watch built on a full or read-only disk ----------------------------------------------------------------
@@ -813,8 +813,8 @@ def test_a_watch_built_on_a_broken_disk_starts_with_its_exporters_failed_and_rec
     assert_unperturbed(result, unwatched)
     episodes = log_dir_faults(records)
     # a full disk still takes an empty file: the JSONL exporter fails on its first line, TensorBoard's failure record
-    assert episodes == {"exporter JsonlExporter": [("monitor_error", 0), ("monitor_error_cleared", 6)],
-                        "exporter TensorBoardExporter": [("monitor_error", 0), ("monitor_error_cleared", 6)]}
+    assert episodes == {"exporter JsonlExporter": [("monitor_error", 0), ("monitor_error_cleared", 8)],
+                        "exporter TensorBoardExporter": [("monitor_error", 0), ("monitor_error_cleared", 8)]}
     steps = [json.loads(line)["step"] for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [6, 8, 10, 12]
     events = EventAccumulator(str(log_dir))

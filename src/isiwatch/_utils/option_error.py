@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+#: The largest value a count option (steps, samples, images, failures, patience) takes: far beyond any real run,
+#: and small enough that a typo such as ``patience: 2**70`` is refused instead of silently switching a policy off.
+MAX_COUNT = 10**9
+
 
 class _Name:
     """An option in a message: ``{keep}`` reads ``keep``, ``{keep:K}`` ``keep=K`` (``--keep``, ``--keep K`` as a

@@ -88,6 +88,17 @@ class ViTParts:
     droppable_blocks: int | None = None
     fixed_block_positions: str | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse blocks that share one module (a weight-tied or repeated block): the tap hooks each module once,
+        so their records would mix and the Watch would fail mid-run instead of here."""
+        first: dict[int, int] = {}
+        for i, block in enumerate(self.blocks):
+            j = first.setdefault(id(block.block), i)
+            if j != i:
+                raise TapError(f"block {i} is the same module as block {j} ({type(block.block).__name__}): isiwatch "
+                               f"taps each block once, so a model whose blocks share one module cannot be watched "
+                               f"or cut; give each block its own module")
+
     @property
     def depth(self) -> int:
         return len(self.blocks)

@@ -15,7 +15,7 @@ import reprlib
 import types
 import typing
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,9 @@ from typing import Any
 import yaml
 
 from .._utils.files import MAX_CONFIG_BYTES, PathError, check_size
+from .._utils.option_error import MAX_COUNT
 from ..measure.analysis import METRICS
-from .freezing import FreezePolicy
+from .freezing import FreezePolicy, PolicyError
 from .friction import FRICTION_THRESHOLD
 
 
@@ -134,7 +135,14 @@ def quote(value: object) -> str:
 
 
 def _at_least(low: int) -> Callable[[object], str | None]:
-    return lambda v: None if not isinstance(v, int) or v >= low else f"must be at least {low}, got {v}"
+    """A count of at least ``low`` and at most `MAX_COUNT`."""
+    def rule(v: object) -> str | None:
+        if not isinstance(v, int):
+            return None
+        if v < low:
+            return f"must be at least {low}, got {v}"
+        return None if v <= MAX_COUNT else f"must be at most {MAX_COUNT:,}, got {clip(str(v))}"
+    return rule
 
 
 def _one_of(choices: tuple[str, ...]) -> Callable[[object], str | None]:
@@ -200,13 +208,17 @@ def _allowed(hint: type | types.UnionType) -> tuple[type, ...]:
     return typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
 
 
-def _check(key: str, value: object, where: str = "") -> object:
-    """The value of Watch option ``key``, after its type and range checks; ``where`` prefixes errors."""
+def _check(key: str, value: object, where: str = "", nested: Mapping[str, str] | None = None) -> object:
+    """The value of Watch option ``key``, after its type and range checks; ``where`` prefixes errors, and
+    ``nested`` (a sub-key's own prefix, for a mapping value read from YAML) those about one of the value's keys."""
     if key not in _NAMES:
         raise ConfigError(f"{where}unknown option {quote(key)}")
     if key == "freeze_settled" and isinstance(value, dict):  # the YAML form of a FreezePolicy
         try:
             value = FreezePolicy.from_mapping(value)
+        except PolicyError as exc:
+            at = (nested or {}).get(exc.key, where)
+            raise ConfigError(f"{at}option 'freeze_settled' {clip(str(exc))}") from None
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}option 'freeze_settled' {clip(str(exc))}") from None
     allowed = _allowed(_HINTS[key])
@@ -348,5 +360,7 @@ def load_yaml(path: str | Path) -> ConfigFile:
             result.sections[key] = _section(loader, value_node, path, key)
         else:
             where = f"{path}:{key_node.start_mark.line + 1}: "
-            result.watch[key] = _check(key, _construct(loader, value_node, path), where)
+            nested = {k.value: f"{path}:{k.start_mark.line + 1}: " for k, _ in value_node.value
+                      if isinstance(k, yaml.ScalarNode)} if isinstance(value_node, yaml.MappingNode) else None
+            result.watch[key] = _check(key, _construct(loader, value_node, path), where, nested)
     return result

@@ -5,11 +5,15 @@ probes, phases, depth, alert rules, the stopping rule), each exporter and the us
 first failure opens an episode, reported once: a ``monitor_error`` alert record (the ``isiwatch`` logger and every
 exporter get it; Prometheus counts it in ``isiwatch_alerts_total{kind="monitor_error"}``) and, when the application
 has set up no logging, one line on stderr, so a contained failure is never silent. Further failures of the same
-source are counted, not repeated; its next success closes the episode with a ``monitor_error_cleared`` record.
+source are counted, not repeated. The episode closes, with a ``monitor_error_cleared`` record, once the source has
+worked `CLEAR_AFTER` times in a row (for the probe pass and an exporter: that many samples): a failure in between
+restarts that count inside the same episode, so a fault that comes and goes (a file-descriptor shortage that lets
+every other write through) is one episode, not one per success.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import time
@@ -33,7 +37,7 @@ def logging_configured(log: logging.Logger = logger) -> bool:
     return False
 
 
-def _to_stderr(line: str) -> None:
+def to_stderr(line: str) -> None:
     """Print ``line`` on stderr when no logging is set up; a closed or missing stderr loses the line, never raises."""
     if logging_configured() or sys.stderr is None:
         return
@@ -51,8 +55,26 @@ def warn(message: str) -> None:
         message: One line, without the ``isiwatch:`` prefix.
     """
     logger.warning("isiwatch: %s", message)
-    _to_stderr(f"isiwatch: warning: {message}")
+    to_stderr(f"isiwatch: warning: {message}")
 
+
+def import_cleanly(*names: str) -> None:
+    """Import the modules ``names``, all or none: when one fails half-way (no file descriptor left, no memory),
+    every module the attempt added to ``sys.modules`` is removed before the failure is raised, so the next attempt
+    imports afresh. Left in place, a package's submodules would keep the half-initialised package for good
+    (matplotlib's then lacks ``get_data_path`` until the process ends)."""
+    before = set(sys.modules)
+    try:
+        for name in names:
+            importlib.import_module(name)
+    except BaseException:
+        for added in set(sys.modules) - before:
+            sys.modules.pop(added, None)
+        raise
+
+
+#: Times in a row a failing source must work before its episode closes.
+CLEAR_AFTER = 2
 
 #: The most characters of a failure's reason a record or a stderr line carries.
 REASON_LIMIT = 200
@@ -91,6 +113,8 @@ class FaultLog:
         self.failing: dict[str, Alert] = {}
         #: Failures per source since its episode opened (the first included).
         self.counts: dict[str, int] = {}
+        #: Times each failing source has worked since its last failure.
+        self.successes: dict[str, int] = {}
 
     def failed(self, source: str, step: int, exc: BaseException | str) -> None:
         """Record a failure of ``source`` at training step ``step``; report it if it opens an episode.
@@ -101,6 +125,7 @@ class FaultLog:
             exc: The exception, or a one-line reason.
         """
         self.counts[source] = self.counts.get(source, 0) + 1
+        self.successes.pop(source, None)
         if source in self.failing:
             return
         reason = printable(exc) if isinstance(exc, str) else describe(exc)
@@ -114,15 +139,20 @@ class FaultLog:
         self.report(record)
 
     def recovered(self, source: str, step: int) -> None:
-        """Close ``source``'s episode, if it has one, now that it worked at ``step``.
+        """Record that ``source`` worked at ``step``; close its episode, if it has one, when that makes
+        `CLEAR_AFTER` times in a row.
 
         Args:
-            source: What works again.
+            source: What worked.
             step: The training step of the sample.
         """
-        opened = self.failing.pop(source, None)
-        if opened is None:
+        if source not in self.failing:
             return
+        self.successes[source] = self.successes.get(source, 0) + 1
+        if self.successes[source] < CLEAR_AFTER:
+            return
+        opened = self.failing.pop(source)
+        del self.successes[source]
         count = self.counts.pop(source, 0)
         if not self.failing:
             self.alerts.active.discard(KIND)
@@ -135,5 +165,5 @@ class FaultLog:
         """Print ``record`` on stderr when no logging is set up (and ``echo``), then dispatch it to the Watch's
         sinks (printed first: a sink may report a failure of its own, whose line then follows this one)."""
         if self.echo:
-            _to_stderr(f"isiwatch: [{record.kind}] step {record.step}: {record.message}")
+            to_stderr(f"isiwatch: [{record.kind}] step {record.step}: {record.message}")
         self.alerts.dispatch(record)

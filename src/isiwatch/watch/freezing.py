@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._utils.option_error import MAX_COUNT
 from .._utils.state import checked, is_count
 from ..measure.flops import count_flops
 from ..taps import ViTParts, preserved_state
@@ -40,6 +41,14 @@ from ..taps.parts import first_output
 
 #: The alert kind of a freeze record (one record per freeze, like ``early_stop``: no episode to clear).
 KIND = "blocks_frozen"
+
+
+class PolicyError(ValueError):
+    """A `FreezePolicy` field that is unknown or out of range; ``key`` names it (a YAML error points at its line)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -58,9 +67,10 @@ class FreezePolicy:
     def __post_init__(self) -> None:
         if isinstance(self.tolerance, bool) or not isinstance(self.tolerance, (int, float)) \
                 or not math.isfinite(self.tolerance) or self.tolerance < 0:
-            raise ValueError(f"tolerance must be a finite number >= 0, got {self.tolerance!r}")
-        if not is_count(self.patience) or self.patience < 1:
-            raise ValueError(f"patience must be an int >= 1, got {self.patience!r}")
+            raise PolicyError("tolerance", f"tolerance must be a finite number >= 0, got {self.tolerance!r}")
+        if not is_count(self.patience) or not 1 <= self.patience <= MAX_COUNT:
+            raise PolicyError("patience", f"patience must be an int from 1 to {MAX_COUNT:,}, "
+                                          f"got {str(self.patience)[:40]}")
         object.__setattr__(self, "tolerance", float(self.tolerance))
 
     @classmethod
@@ -69,7 +79,7 @@ class FreezePolicy:
         names = [f.name for f in fields(cls)]
         unknown = [k for k in value if k not in names]
         if unknown:
-            raise ValueError(f"has no key {str(unknown[0])[:40]!r} (keys: {', '.join(names)})")
+            raise PolicyError(str(unknown[0]), f"has no key {str(unknown[0])[:40]!r} (keys: {', '.join(names)})")
         return cls(**value)  # type: ignore[arg-type]  # __post_init__ checks the types
 
 

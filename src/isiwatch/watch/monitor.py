@@ -34,7 +34,7 @@ from .alerts import Alert, AlertEngine, AlertRules, AlertSink, log_sink
 from .config import WatchOptions, build_options
 from .exporters import Exporter, JsonlExporter, PrometheusExporter, SampleContext, TensorBoardExporter
 from .faults import KIND as FAULT_KIND
-from .faults import FaultLog
+from .faults import FaultLog, to_stderr
 from .freezing import KIND as FREEZE_KIND
 from .freezing import Freezer, policy_of, wrapper_problem
 from .sample import PLATEAU_SERIES, Sample, series_names
@@ -48,12 +48,49 @@ logger = logging.getLogger("isiwatch")
 #: The fault source of the user's ``alert_callback``.
 CALLBACK = "alert_callback"
 
+#: The record of each change of the sampling interval under ``overhead_budget`` (one record, no episode).
+INTERVAL_KIND = "sampling_interval"
+#: The most the interval grows at one sample under ``overhead_budget``: one slow probe pass (a stall, a paused
+#: process) doubles it once, and the next normal sample shortens it again.
+STRETCH_STEP = 2
+#: The longest interval ``overhead_budget`` may set, in multiples of ``every_n_steps``: the Watch never samples
+#: less often than this, whatever its overhead.
+MAX_STRETCH = 16
+#: The Watch's clock for durations, in seconds: monotonic, so a wall-clock jump (NTP, a suspended VM) never
+#: turns into a negative or a giant duration.
+_clock = time.monotonic
+#: A duration reading longer than this (seconds: a week) is a broken clock, not a measurement, and is discarded.
+MAX_READING_S = 7 * 86400.0
+
+#: A stretch to this many times ``every_n_steps`` or more is also one line on stderr (when no logging is set up).
+WARN_STRETCH = 4
+
 
 def _free_memory() -> None:
     """Return what a failed probe pass allocated to the device (its tensors are garbage once its frames are)."""
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.empty_cache()
+
+
+#: The device types whose autocast `_own_numerics` turns off (torch's autocast devices that isiwatch runs on).
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
+
+
+def _plausible(seconds: float) -> bool:
+    """Whether a duration reading can be a real one: finite, positive and under `MAX_READING_S`."""
+    return math.isfinite(seconds) and 0 < seconds < MAX_READING_S
+
+
+def _own_numerics(model: nn.Module) -> contextlib.ExitStack:
+    """Autocast off, on the CPU and on every device the model lives on, for the Watch's own forward passes: a
+    training loop that calls ``step()`` inside ``torch.autocast`` must not change the probe pass's dtypes (its taps
+    compute in the model's own dtype), and the caller's autocast state is back as it was on exit."""
+    stack = contextlib.ExitStack()
+    devices = {"cpu"} | {p.device.type for p in model.parameters() if p.device.type in _AUTOCAST_DEVICES}
+    for device in sorted(devices):
+        stack.enter_context(torch.autocast(device, enabled=False))
+    return stack
 
 
 def _distributed() -> bool:
@@ -124,8 +161,12 @@ class Watch:
     - cost: ``probe_every`` (the linear probes, the costliest metric, on every k-th sample only; the others
       carry no probe series), ``overhead_budget`` (opt-in, e.g. 0.005: the Watch stretches its sampling interval,
       in multiples of ``every_n_steps``, to keep its overhead ratio under this fraction of training time, and
-      shortens it again, never below ``every_n_steps``, when there is room; each change is logged, and the
-      interval in effect, `interval`, is saved in [`state_dict`][isiwatch.Watch.state_dict]);
+      shortens it again, never below ``every_n_steps``, when there is room; it at most doubles per sample and
+      never passes 16 × ``every_n_steps`` (`MAX_STRETCH`), so one stalled probe pass cannot stop the sampling;
+      durations come from a monotonic clock, and a reading that is not positive, finite and under a week is
+      discarded; each change is a ``sampling_interval`` record (one stderr line when it reaches 4 ×
+      ``every_n_steps``), and the interval in effect, `interval`, is saved in
+      [`state_dict`][isiwatch.Watch.state_dict]);
     - acting (experimental, off by default): ``freeze_settled`` (``True`` or a
       `FreezePolicy`): freeze the longest prefix of blocks whose output on
       the probe batch has settled (`isiwatch.watch.freezing`; each freeze is a ``blocks_frozen`` alert record, the
@@ -144,7 +185,8 @@ class Watch:
     (an out-of-memory error is retried once in chunks a quarter the size) skips that sample, an exporter that
     raises is skipped for that call and tried again at the next, and each failing part is reported once, as a
     ``monitor_error`` alert record (and one line on stderr when the application set up no logging), and again
-    when it recovers. The model, its modes and the RNG streams are left as they were either way.
+    when it has worked twice in a row (`isiwatch.watch.faults.CLEAR_AFTER`: a fault that comes and goes is one
+    episode). The model, its modes and the RNG streams are left as they were either way.
 
     Under torch.distributed every rank runs the probe pass (required for sharded models); a failure on any rank
     makes every rank skip that sample, and all ranks reach the same stop decision; only rank 0 exports.
@@ -216,7 +258,8 @@ class Watch:
                 self.exporters.append(self._prometheus)
             self.exporters += exporters
         self._alert_callback = alert_callback
-        sinks: list[AlertSink] = [log_sink, self._write_alert]
+        self._emitted: list[Alert] = []  # the records dispatched during the sample in progress
+        sinks: list[AlertSink] = [self._emitted.append, log_sink, self._write_alert]
         if alert_callback is not None:
             sinks.append(self._call_back)
         self.alerts = AlertEngine(self.run, sinks)
@@ -228,7 +271,7 @@ class Watch:
         #: Steps between samples now: ``every_n_steps``, or a multiple of it under ``overhead_budget``.
         self.interval = opts.every_n_steps
         self._samples_taken = 0  # measured samples in this process: probe_every counts them
-        self._last_end: float | None = None  # perf_counter() when the previous sample's work ended
+        self._last_end: float | None = None  # _clock() when the previous sample's work ended
         self._last_end_step: int | None = None  # the step of that sample
         self._after_measure_s = 0.0  # the previous sample's work after its measurement, charged to the next
         self._measured_at: float | None = None
@@ -315,7 +358,9 @@ class Watch:
         """Call after every optimizer step; samples when ``global_step`` is a multiple of ``every_n_steps``.
 
         ``loss`` (optional, read only on sampling steps and by [`finish`][isiwatch.Watch.finish]) feeds the
-        ``isi_stall`` alert and the ``loss`` series. Returns the alert records emitted at this step.
+        ``isi_stall`` alert and the ``loss`` series. Returns every record emitted at this step, in the order they
+        were dispatched: alert episodes opening and clearing, ``early_stop``, ``blocks_frozen`` and the Watch's own
+        ``monitor_error``/``monitor_error_cleared`` and ``sampling_stretched`` records (empty between samples).
         """
         self._seen_step, self._seen_loss = global_step, loss
         if global_step % self.interval or global_step == self.last_step:
@@ -329,7 +374,8 @@ class Watch:
         The final sample is recorded and exported, but updates no policy: not early stopping (training is over,
         and ``stop_reason`` must not claim a stop that did not happen), and neither the alert episodes nor onset
         tracking. The frameworks write their last checkpoint before it, so a run resumed from that checkpoint
-        would repeat an opening or a clearing the final sample had recorded. Returns no alert records.
+        would repeat an opening or a clearing the final sample had recorded. Returns the records it emitted: only the
+        Watch's own (``monitor_error`` and its clearing), as no policy runs.
         [`close`][isiwatch.Watch.close] calls it; the integrations call it earlier, while the framework's loggers are
         open."""
         if self._seen_step is None or self._seen_step == self.last_step:
@@ -337,23 +383,27 @@ class Watch:
         return self._sample(self._seen_step, self._seen_loss, policies=False)
 
     def sample(self, global_step: int, loss: float | Tensor | None = None) -> list[Alert]:
-        """Run one probe pass now, regardless of ``every_n_steps``."""
+        """Run one probe pass now, regardless of ``every_n_steps``; returns the records emitted, as
+        [`step`][isiwatch.Watch.step]."""
         return self._sample(global_step, loss, policies=True)
 
     def _sample(self, global_step: int, loss: float | Tensor | None, policies: bool) -> list[Alert]:
         if self.disabled:
             return []
-        begin = time.perf_counter()
+        begin = _clock()
+        self._emitted.clear()
         try:
-            return self._sample_now(global_step, loss, policies, begin)
+            with _own_numerics(self._probe_model):
+                self._sample_now(global_step, loss, policies, begin)
+            return list(self._emitted)
         finally:
-            self._last_end, self._last_end_step = time.perf_counter(), global_step
+            self._emitted.clear()
+            self._last_end, self._last_end_step = _clock(), global_step
             if self._measured_at is not None:  # what this sample did after measuring is charged to the next
                 self._after_measure_s += self._last_end - self._measured_at
                 self._measured_at = None
 
-    def _sample_now(self, global_step: int, loss: float | Tensor | None, policies: bool,
-                    begin: float) -> list[Alert]:
+    def _sample_now(self, global_step: int, loss: float | Tensor | None, policies: bool, begin: float) -> None:
         """One sample; ``policies``: also update onset tracking, alert episodes, early stopping and the interval
         (all but the final sample)."""
         self.last_step = global_step
@@ -365,31 +415,34 @@ class Watch:
             if self.options.strict:
                 raise
             failure = exc
-        measured = time.perf_counter()
+        measured = _clock()
         self._charge(sample if failure is None else None, begin, measured)
         # every rank takes part in the same collectives in the same order, whatever failed where
         if self._any_rank(failure is not None):
-            return self._skip(global_step, failure or "it failed on another rank")
+            self._skip(global_step, failure or "it failed on another rank")
+            return
         self._samples_taken += 1
         self._failed_in_a_row = 0
         self.faults.recovered("probe pass", global_step)
         self.history.append(sample)
-        alerts = self._update_policies(sample, probes) if policies else []
+        if policies:
+            self._update_policies(sample, probes)
         self._each("write_sample", sample, self._context())
-        return alerts
 
-    def _update_policies(self, sample: Sample, probes: bool) -> list[Alert]:
-        """Onset tracking, alert episodes, early stopping and the budget's interval, updated with ``sample``
-        (``probes``: it has its linear probes); the alert records emitted."""
+    def _update_policies(self, sample: Sample, probes: bool) -> None:
+        """Onset tracking, alert episodes, early stopping, the freeze policy and the budget's interval, updated
+        with ``sample`` (``probes``: it has its linear probes)."""
         try:
             self.tracker.update(sample.step, sample.phases)
-            alerts = self.alerts.update(sample.step, self.rules.conditions(sample, self.tracker))
+            self.alerts.update(sample.step, self.rules.conditions(sample, self.tracker))
             reason = self._stop_reason(sample, probes)
         except Exception as exc:
             if self.options.strict:
                 raise
             self.faults.failed("alert rules", sample.step, exc)
-            alerts, reason = [], None
+            reason = None
+        else:
+            self.faults.recovered("alert rules", sample.step)
         if self._any_rank(reason is not None) and not self.should_stop:
             self.should_stop = True
             self.stop_reason = reason or "another rank requested the stop"
@@ -398,8 +451,7 @@ class Watch:
         if self.freezer is not None:
             self._freeze(sample.step)
         if self.options.overhead_budget is not None:
-            self._fit_budget(sample.overhead_ratio, self.options.overhead_budget)
-        return alerts
+            self._fit_budget(sample.overhead_ratio, self.options.overhead_budget, sample.step)
 
     def _freeze(self, step: int) -> None:
         """The freeze policy at this sample; every rank freezes the same prefix at the same step (the smallest
@@ -429,12 +481,17 @@ class Watch:
         cost = measured - begin + self._after_measure_s + self._background_seconds()
         self._measured_at = measured
         if sample is None:
-            self._after_measure_s = cost
+            self._after_measure_s = cost if _plausible(cost) else 0.0
             return
-        sample.overhead_s = cost
-        if self._last_end is not None:
-            sample.overhead_ratio = cost / max(self._interval_seconds(sample.step, begin - self._last_end), 1e-9)
         self._after_measure_s = 0.0
+        trained = None if self._last_end is None else begin - self._last_end
+        if not _plausible(cost) or (trained is not None and not _plausible(trained)):
+            logger.info("isiwatch: step %d: discarded an impossible duration reading (cost %r s, training %r s); "
+                        "the sampling interval stays %d", sample.step, cost, trained, self.interval)
+            return  # neither series nor the budget act on it
+        sample.overhead_s = cost
+        if trained is not None:
+            sample.overhead_ratio = cost / self._interval_seconds(sample.step, trained)
 
     def _interval_seconds(self, step: int, trained: float) -> float:
         """The training seconds a sample at ``step`` is charged against: ``trained``, the training time since the
@@ -449,28 +506,43 @@ class Watch:
         (`faults`, through `_each`) and counts nothing."""
         return sum(float(seconds) for seconds in self._each("background_seconds"))
 
-    def _fit_budget(self, ratio: float | None, budget: float) -> None:
+    def _fit_budget(self, ratio: float | None, budget: float, step: int) -> None:
         """Stretch (or shorten, with hysteresis: only to half or less) `interval` so the overhead ratio
-        stays under ``budget``, in multiples of ``every_n_steps``. Under torch.distributed every rank takes the
+        stays under ``budget``, in multiples of ``every_n_steps``: at most `STRETCH_STEP` times longer per sample
+        and never past `MAX_STRETCH` times ``every_n_steps``, so no single measurement (one stalled probe pass)
+        can stop the sampling. Each change is a ``sampling_interval`` record; one that reaches `WARN_STRETCH`
+        times ``every_n_steps`` from below is also one line on stderr. A sample without a ratio (the first, or
+        one whose clock readings were discarded) changes nothing. Under torch.distributed every rank takes the
         longest interval any rank asks for (one all-reduce, on sampling steps only)."""
         base = self.options.every_n_steps
         wanted = self.interval
         if ratio is not None and math.isfinite(ratio):
             needed = base * math.ceil(self.interval * ratio / budget / base)
-            if needed > self.interval or needed <= self.interval // 2:
+            if needed > self.interval:
+                wanted = min(needed, self.interval * STRETCH_STEP, base * MAX_STRETCH)
+            elif needed <= self.interval // 2:
                 wanted = max(base, needed)
         wanted = int(self._max_over_ranks(float(wanted)))
-        if wanted != self.interval:
-            logger.info("isiwatch: overhead ratio %.4f against a budget of %.4f: sampling every %d steps instead "
-                        "of %d", ratio if ratio is not None else math.nan, budget, wanted, self.interval)
-            self.interval = wanted
+        if wanted == self.interval:
+            return
+        previous, self.interval = self.interval, wanted
+        shown = ratio if ratio is not None else math.nan
+        self.alerts.dispatch(Alert(
+            INTERVAL_KIND, step, time.time(), self.run, "info",
+            f"overhead ratio {shown:.4f} against a budget of {budget:.4f}: sampling every {wanted} steps instead "
+            f"of {previous}", {"interval": wanted, "previous": previous, "ratio": ratio, "budget": budget,
+                               "max_interval": base * MAX_STRETCH}))
+        if self.faults.echo and previous < base * WARN_STRETCH <= wanted:
+            to_stderr(f"isiwatch: warning: step {step}: sampling every {wanted} steps instead of every_n_steps="
+                      f"{base}: the Watch's overhead (ratio {shown:.4f}) is over overhead_budget={budget}; it never "
+                      f"samples less often than every {base * MAX_STRETCH} steps")
 
     def _measure(self, global_step: int, loss: float | Tensor | None, probes: bool = True) -> Sample:
         """The probe pass and everything computed from it (the linear probes only when ``probes``). An
         out-of-memory error frees what the pass held and retries once in chunks a quarter the size."""
         if loss is not None:
             loss = float(loss.detach() if isinstance(loss, Tensor) else loss) * self.loss_scale
-        start = time.perf_counter()
+        start = _clock()
         chunk = self.options.probe_batch_size
         try:
             analysis = self._analyze(chunk, probes)
@@ -484,7 +556,7 @@ class Watch:
             logger.info("isiwatch: the probe pass ran out of memory; retrying in chunks of %d images", smaller)
             analysis = self._analyze(smaller, probes)
         recommendation = recommend_depth(analysis)
-        return Sample(global_step, time.time(), analysis.layers, analysis.phases, time.perf_counter() - start,
+        return Sample(global_step, time.time(), analysis.layers, analysis.phases, _clock() - start,
                       loss, recommendation)
 
     def _analyze(self, batch_size: int, probes: bool) -> Analysis:
@@ -495,7 +567,7 @@ class Watch:
                            with_isi_recon=opts.with_isi_recon, phase_metric=opts.phase_metric,
                            phase_options={"min_layers": opts.min_layers}, parts=self._parts)
 
-    def _skip(self, global_step: int, failure: Exception | str) -> list[Alert]:
+    def _skip(self, global_step: int, failure: Exception | str) -> None:
         """A sample that failed (here or on another rank): report it, and disable the Watch after
         ``max_consecutive_failures`` in a row."""
         self.faults.failed("probe pass", global_step, failure)
@@ -505,7 +577,6 @@ class Watch:
             self.faults.report(Alert(FAULT_KIND, global_step, time.time(), self.run, "critical",
                                      f"isiwatch disabled itself after {self._failed_in_a_row} failed samples in a "
                                      f"row; training continues unmonitored", {"source": "watch", "disabled": True}))
-        return []
 
     def _stop_reason(self, sample: Sample, probes: bool) -> str | None:
         """Update the early-stopping policies with ``sample`` (a sample without its probes, under
@@ -580,7 +651,8 @@ class Watch:
             raise ValueError(f"invalid Watch state: 'interval' must be an int >= 1, got {interval!r}")
         # the budget's stretched interval carries over, as a multiple of this run's every_n_steps
         base = self.options.every_n_steps
-        interval = base * max(1, math.ceil(interval / base)) if self.options.overhead_budget is not None else base
+        interval = min(base * MAX_STRETCH, base * max(1, math.ceil(interval / base))) \
+            if self.options.overhead_budget is not None else base
         tracker, stoppers, plateau_stopper = self._new_policies()
         alerts = AlertEngine(run)
         tracker.load_state_dict(s["tracker"], "Watch state['tracker']")

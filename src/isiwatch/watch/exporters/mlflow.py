@@ -3,6 +3,12 @@
 Needs ``pip install isiwatch[mlflow]`` (``mlflow-skinny``); mlflow is imported when the exporter is built, never by
 ``import isiwatch``. MLflow 3's default store, ``sqlite:///mlflow.db`` in the working directory, also needs SQLAlchemy
 and Alembic, which mlflow-skinny does not install.
+
+Every call to MLflow (a tracking server over the network, or a database) runs on a short-lived worker thread and
+is waited for at most `CALL_DEADLINE` seconds (`CLOSE_DEADLINE` at the close): a server that holds the connection
+or trickles its answer, which MLflow itself would wait on for minutes (two minutes a request, with retries), costs
+the training loop that long once, and is reported by the Watch like any failing exporter; while that call is still
+stuck, later calls fail at once instead of piling up, and the first one after it returns goes through.
 """
 
 from __future__ import annotations
@@ -10,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -28,7 +35,46 @@ _DATABASE_SCHEMES = {"sqlite", "mysql", "postgresql", "mssql"}
 _DATABASE_PACKAGES = ("sqlalchemy", "alembic")
 
 
+#: Seconds the training thread waits for one MLflow call (the call goes on in the background after that).
+CALL_DEADLINE = 5.0
+#: Seconds the close waits for MLflow to end the run (`Watch.close` returns within 2 s whatever a server does).
+CLOSE_DEADLINE = 1.5
+
 _calls = threading.local()
+
+
+class _Deadline:
+    """Runs blocking calls on a worker thread each and waits at most a deadline for them; see the module
+    docstring."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self._stuck: threading.Thread | None = None  # a call past its deadline that has not returned yet
+        self._stuck_since = 0.0
+
+    def __call__(self, call: Callable[[], object], deadline: float) -> None:
+        """Run ``call`` and return when it has; raise ``TimeoutError`` past ``deadline`` seconds, or at once
+        while an earlier call is still stuck, and what ``call`` raised otherwise."""
+        if self._stuck is not None and self._stuck.is_alive():
+            raise TimeoutError(f"{self.what} has not answered a call made {time.monotonic() - self._stuck_since:.0f}"
+                               f" s ago; this one is skipped")
+        self._stuck = None
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                call()
+            except BaseException as exc:  # handed to the caller's thread
+                failure.append(exc)
+
+        worker = threading.Thread(target=run, name="isiwatch-mlflow", daemon=True)
+        worker.start()
+        worker.join(deadline)
+        if worker.is_alive():
+            self._stuck, self._stuck_since = worker, time.monotonic() - deadline
+            raise TimeoutError(f"{self.what} did not answer within {deadline:.1f} s")
+        if failure:
+            raise failure[0]
 
 
 class _DuringExporterCalls(logging.Filter):
@@ -117,11 +163,20 @@ class MlflowExporter(Exporter):
         self.prefix = prefix
         self._owned = run_id is None  # a run this exporter starts, it also ends
         self._started = False
+        self._deadline = _Deadline("MLflow")
+
+    def _call(self, call: Callable[[], object], deadline: float | None = None) -> None:
+        """Run ``call`` (MLflow calls) with MLflow's own log output dropped, within ``deadline`` seconds
+        (`CALL_DEADLINE` by default)."""
+        def quietly() -> None:
+            with _quiet():
+                call()
+        self._deadline(quietly, CALL_DEADLINE if deadline is None else deadline)
 
     def _start(self, run: str) -> str:
-        """The run id, starting the run and logging the params on the first call."""
-        with _quiet():
-            return self._started_run(run)
+        """The run id, starting the run and logging the params on the first call (its own calls run inside the
+        caller's `_call`)."""
+        return self._started_run(run)
 
     def _started_run(self, run: str) -> str:
         if self.run_id is None:
@@ -140,28 +195,22 @@ class MlflowExporter(Exporter):
     def write_sample(self, sample: Sample, context: SampleContext) -> None:
         from mlflow.entities import Metric
 
-        run_id = self._start(context.run)
         ms = int(sample.time * 1000)
-        with _quiet():
-            self.client.log_batch(run_id, metrics=[Metric(self.prefix + name, value, ms, sample.step)
-                                                   for name, value in present_series(sample).items()])
+        metrics = [Metric(self.prefix + name, value, ms, sample.step) for name, value in present_series(sample).items()]
+        self._call(lambda: self.client.log_batch(self._start(context.run), metrics=metrics))
 
     def write_alert(self, alert: Alert) -> None:
         from mlflow.entities import Metric, RunTag
 
-        run_id = self._start(alert.run)
         kind, value = episode_value(alert)
-        with _quiet():
-            self.client.log_batch(run_id, metrics=[Metric(f"{self.prefix}alerts/{kind}", value,
-                                                          int(alert.time * 1000), alert.step)],
-                                  tags=[RunTag(f"isiwatch.alert.{kind}", f"step {alert.step}: {alert.message}")])
+        metrics = [Metric(f"{self.prefix}alerts/{kind}", value, int(alert.time * 1000), alert.step)]
+        tags = [RunTag(f"isiwatch.alert.{kind}", f"step {alert.step}: {alert.message}")]
+        self._call(lambda: self.client.log_batch(self._start(alert.run), metrics=metrics, tags=tags))
 
     def rename(self, run: str) -> None:
-        if self._owned and self.run_id is not None:
-            with _quiet():
-                self.client.set_tag(self.run_id, "mlflow.runName", run)
+        if self._owned and (run_id := self.run_id) is not None:
+            self._call(lambda: self.client.set_tag(run_id, "mlflow.runName", run))
 
     def close(self, context: SampleContext) -> None:
-        if self._owned and self.run_id is not None:
-            with _quiet():
-                self.client.set_terminated(self.run_id)
+        if self._owned and (run_id := self.run_id) is not None:
+            self._call(lambda: self.client.set_terminated(run_id), CLOSE_DEADLINE)

@@ -1,12 +1,16 @@
 """Prometheus export (namespace ``isiwatch``): an HTTP endpoint on 127.0.0.1 by default, a push gateway,
-or a node-exporter textfile. Pushes run on a background thread with a timeout; a failed push or textfile write
+or a node-exporter textfile. Pushes run on a background thread with a deadline; a failed push or textfile write
 is raised to the Watch, which reports it once and never lets it stop training (`isiwatch.watch.faults`)."""
 
 from __future__ import annotations
 
+import http.client
 import math
-import queue
+import socket
 import threading
+import time
+import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, push_to_gateway, start_http_server
@@ -19,8 +23,15 @@ from ..faults import warn
 from ..sample import Sample
 from .base import Exporter, SampleContext
 
-#: Seconds a push to the gateway may take (it runs off the training thread either way).
-PUSH_TIMEOUT = 10.0
+#: The most seconds a push to the gateway may take, connection and whole response together (it runs off the
+#: training thread either way); shorter when samples come faster (`push_deadline`).
+PUSH_DEADLINE = 5.0
+#: The least seconds a push is given, however fast samples come.
+MIN_PUSH_DEADLINE = 1.0
+#: Seconds ``close`` waits for the last push before it aborts it, and then for the thread to end: ``close``
+#: returns within their sum, 2 s, whatever the gateway does.
+CLOSE_WAIT = 1.5
+ABORT_WAIT = 0.5
 
 #: Every metric name the exporter publishes (rules and dashboards may only query these).
 EXPORTED_NAMES = (
@@ -178,9 +189,10 @@ class PrometheusExporter(Exporter):
     def publish(self) -> None:
         """Rewrite the textfile and hand this sample's values to the background pusher, if configured.
 
-        A push never blocks training: the values are snapshotted here and pushed by a thread, with a timeout of
-        `PUSH_TIMEOUT` seconds; a push that failed is raised at the next call (so the Watch reports it, and
-        clears it once a push works again)."""
+        A push never blocks training: the values are snapshotted here and pushed by a thread, with a deadline
+        (`push_deadline`: at most `PUSH_DEADLINE` seconds, connection and whole response); a push that failed or
+        ran past its deadline is raised at the next call (so the Watch reports it, and clears it once a push works
+        again)."""
         if self.textfile:
             _write_textfile(str(self.textfile), self.registry)
         if self.pushgateway:
@@ -192,7 +204,8 @@ class PrometheusExporter(Exporter):
                 raise error
 
     def close(self, context: SampleContext | None = None) -> None:
-        """Stop the HTTP server, if any (the registry keeps the last values).
+        """Stop the HTTP server, if any (the registry keeps the last values), and the pusher: within 2 s
+        (`CLOSE_WAIT` + `ABORT_WAIT`) whatever the gateway does; raise if the last push failed or was aborted.
 
         Args:
             context: Unused; optional so that a caller who kept the exporter past its Watch can close it.
@@ -202,8 +215,8 @@ class PrometheusExporter(Exporter):
             self.server.server_close()
             self.server = None
         if self._pusher is not None:
-            self._pusher.close()
-            self._pusher = None
+            pusher, self._pusher = self._pusher, None
+            pusher.close()
 
 
 class _Snapshot:
@@ -220,39 +233,137 @@ class _Snapshot:
 class _Pusher:
     """Pushes snapshots to a push gateway from a daemon thread, newest first: a snapshot still waiting when a
     newer one arrives is replaced, so a slow or silent gateway costs the training loop nothing. ``error`` is
-    the last push's failure, None once a push works."""
+    the last push's failure, None once a push works.
+
+    Every push has a deadline for the connection and the whole response together (`push_deadline`): a gateway
+    that holds the connection or trickles its answer byte by byte fails that push at the deadline (its socket is
+    shut down), and the next push opens a new connection."""
 
     def __init__(self, gateway: str, job: str):
         self.gateway, self.job = gateway, job
         self.error: Exception | None = None
-        self._pending: queue.Queue[tuple[_Snapshot, dict[str, str]] | None] = queue.Queue(maxsize=1)
+        self._lock = threading.Condition()
+        self._pending: tuple[_Snapshot, dict[str, str], float] | None = None
+        self._closing = False
+        self._aborted = False  # close() gave up: no further request starts
+        self._request: _Request | None = None  # the push in flight
+        self._last_submit: float | None = None
         self._thread = threading.Thread(target=self._run, name="isiwatch-pushgateway", daemon=True)
         self._thread.start()
 
     def submit(self, snapshot: _Snapshot, grouping_key: dict[str, str]) -> None:
-        try:
-            self._pending.get_nowait()  # a newer snapshot replaces one not yet pushed
-        except queue.Empty:
-            pass
-        self._pending.put_nowait((snapshot, grouping_key))
+        """Queue ``snapshot`` (replacing one not yet pushed), with `push_deadline` of the time since the last
+        submit, the sampling interval."""
+        now = time.monotonic()
+        interval = None if self._last_submit is None else now - self._last_submit
+        self._last_submit = now
+        with self._lock:
+            self._pending = (snapshot, grouping_key, push_deadline(interval))
+            self._lock.notify()
 
     def _run(self) -> None:
-        while (item := self._pending.get()) is not None:
-            snapshot, grouping_key = item
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._pending is not None or self._closing)
+                if self._pending is None:
+                    return
+                (snapshot, grouping_key, deadline), self._pending = self._pending, None
             try:
-                push_to_gateway(self.gateway, job=self.job, registry=snapshot,
-                                grouping_key=grouping_key, timeout=PUSH_TIMEOUT)
+                push_to_gateway(self.gateway, job=self.job, registry=snapshot, grouping_key=grouping_key,
+                                timeout=deadline, handler=self._handler(deadline))
                 self.error = None
-            except Exception as exc:  # any failure: refused, HTTP 500, not HTTP at all, a timeout
+            except Exception as exc:  # any failure: refused, HTTP 500, not HTTP at all, the deadline
                 self.error = exc
 
+    def _handler(self, deadline: float) -> Callable[..., Callable[[], None]]:
+        """A prometheus_client push handler that sends the request through a `_Request` with ``deadline``."""
+        def handler(url: str, method: str, timeout: float | None, headers: list[tuple[str, str]],
+                    data: bytes) -> Callable[[], None]:  # prometheus_client passes these by name
+            def send() -> None:
+                request = _Request(url, deadline)
+                with self._lock:
+                    if self._aborted:
+                        raise TimeoutError("close() aborted the push")
+                    self._request = request
+                try:
+                    request.send(method, headers, data)
+                finally:
+                    with self._lock:
+                        self._request = None
+            return send
+        return handler
+
     def close(self) -> None:
-        """Push what is pending (waiting at most one push timeout), then stop the thread."""
+        """Push what is pending if the gateway answers within `CLOSE_WAIT` seconds, then stop: a push still in
+        flight then is aborted, so ``close`` returns within `CLOSE_WAIT` + `ABORT_WAIT` seconds whatever the
+        gateway does. Raise the last push's failure, or ``TimeoutError`` when it had to be aborted (the final
+        sample never reached the gateway, and the Watch reports that like any failed push)."""
+        with self._lock:
+            self._closing = True
+            self._lock.notify()
+        self._thread.join(CLOSE_WAIT)
+        if self._thread.is_alive():
+            with self._lock:
+                self._pending, self._aborted = None, True
+                if self._request is not None:
+                    self._request.abort()
+            self._thread.join(ABORT_WAIT)
+            raise TimeoutError(f"the push gateway did not take the last sample within {CLOSE_WAIT:.1f} s of close()")
+        if self.error is not None:
+            raise self.error
+
+
+def push_deadline(interval: float | None) -> float:
+    """Seconds a push may take: `PUSH_DEADLINE`, or the sampling interval ``interval`` (seconds between two
+    samples) when that is shorter, but never under `MIN_PUSH_DEADLINE`."""
+    limit = PUSH_DEADLINE if interval is None or not math.isfinite(interval) else min(PUSH_DEADLINE, interval)
+    return max(MIN_PUSH_DEADLINE, limit)
+
+
+class _Request:
+    """One HTTP request with a deadline on the connection and the whole response: a timer shuts the socket down
+    at the deadline, which ends any read in progress, however slowly the server sends."""
+
+    def __init__(self, url: str, deadline: float):
+        parts = urllib.parse.urlsplit(url)
+        connection = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self.deadline = deadline
+        self.path = parts.path + (f"?{parts.query}" if parts.query else "")
+        self.connection = connection(parts.hostname or "", parts.port, timeout=deadline)
+        self.expired = False
+
+    def abort(self) -> None:
+        """End the request now: shut its socket down (a read in progress returns at once)."""
+        self.expired = True
+        sock = self.connection.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed
+                pass
+
+    def send(self, method: str, headers: list[tuple[str, str]], data: bytes) -> None:
+        """Send the request and read the status line and headers; raise ``TimeoutError`` past the deadline, and
+        ``OSError`` for a status other than 2xx."""
+        timer = threading.Timer(self.deadline, self.abort)
+        timer.daemon = True
+        timer.start()
+        timed_out = False
         try:
-            self._pending.put(None, timeout=PUSH_TIMEOUT)
-        except queue.Full:
-            return
-        self._thread.join(PUSH_TIMEOUT + 1)
+            self.connection.request(method, self.path, body=data, headers=dict(headers))
+            status, reason = (response := self.connection.getresponse()).status, response.reason
+        except TimeoutError:  # the socket's own timeout, the same deadline, came first
+            timed_out = True
+        except Exception:
+            if not self.expired:
+                raise
+        finally:
+            timer.cancel()
+            self.connection.close()
+        if timed_out or self.expired:  # what was read before the shutdown (a status line, headers) is no answer
+            raise TimeoutError(f"the push gateway did not answer within {self.deadline:.1f} s")
+        if not 200 <= status < 300:
+            raise OSError(f"error talking to pushgateway: {status} {reason}")
 
 
 def _set(gauge: Gauge, value: float | None, *labels: str) -> None:

@@ -34,12 +34,15 @@ import numpy as np
 from ...measure.plots import HeatmapPanel
 from ...measure.vocabulary import alert_words, legend
 from ..alerts import Alert
+from ..faults import import_cleanly
 from ..sample import Sample
 from .base import Exporter, SampleContext, present_series
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
+#: The modules a heat-map render draws with (`heatmap_images`, `isiwatch.measure.plots.heatmap_figure`).
+HEATMAP_MODULES = ("matplotlib.figure", "matplotlib.ticker", "matplotlib.backends.backend_agg")
 #: Seconds the render thread sleeps after each heat-map, per second spent drawing it: 4 keeps it off the interpreter
 #: lock four fifths of the time.
 RENDER_PAUSE = 4.0
@@ -109,12 +112,17 @@ class TensorBoardExporter(Exporter):
         self._panel = HeatmapPanel()  # drawn by one render at a time: the render thread's, then the close's
 
     def open(self) -> None:
-        self.writer  # noqa: B018  (the event file now: a log_dir that cannot hold one is reported at once)
+        """Open the event file and import what the heat-maps draw with, now: a log_dir that cannot hold an event
+        file is reported at once, and a render on the background thread never imports (an import that fails
+        there is retried cleanly, `import_cleanly`)."""
+        self.writer  # noqa: B018
+        import_cleanly(*HEATMAP_MODULES)
 
     @property
     def writer(self) -> SummaryWriter:
         """The open writer; a new one (a new event file in ``log_dir``) after a write failed."""
         if self._writer is None:
+            import_cleanly("torch.utils.tensorboard")
             from torch.utils.tensorboard import SummaryWriter
 
             _LIVE.add(self)
@@ -282,6 +290,7 @@ def heatmap_images(history: Sequence[Sample], panel: HeatmapPanel, pause: float 
             render leaves the interpreter lock to the training thread most of the time.
         hurry: Once set, no more pauses (someone is waiting for the images).
     """
+    import_cleanly(*HEATMAP_MODULES)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     last = history[-1]
