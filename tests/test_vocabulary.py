@@ -19,6 +19,7 @@ from isiwatch.measure.phases import Phases
 from isiwatch.measure.tables import phases_line
 from isiwatch.measure.vocabulary import ALERTS, DOC_TABLES, EPISODES, PHASES, markdown_table
 from isiwatch.watch.alerts import ALERT_KINDS, Alert
+from isiwatch.watch.monitor import INTERVAL_KIND
 from isiwatch.watch.exporters.tensorboard import TensorBoardExporter
 from isiwatch.watch.freezing import KIND as FREEZE_KIND
 
@@ -37,7 +38,7 @@ def test_the_docs_tables_are_the_code_table(name):
 
 
 def test_every_alert_kind_is_defined_and_every_definition_is_a_kind():
-    assert set(ALERTS) == {*ALERT_KINDS, "early_stop", FREEZE_KIND}
+    assert set(ALERTS) == {*ALERT_KINDS, "early_stop", FREEZE_KIND, INTERVAL_KIND}
 
 
 def test_the_terminal_names_a_flat_stretch_from_block_0_a_slow_start_and_defines_each_word():

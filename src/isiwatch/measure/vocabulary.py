@@ -37,6 +37,8 @@ ALERTS = {
                      "freeze policy); training goes on",
     "early_stop": "the Watch asked training to stop (an action: no episode to clear)",
     "blocks_frozen": "freeze_settled froze the settled blocks (an action: no episode to clear)",
+    "sampling_interval": "overhead_budget changed the steps between samples (at most doubled per sample, never past "
+                         "16 x every_n_steps; a record, no episode to clear)",
 }
 
 #: Every word above with its definition: what a glossary renders.
