@@ -36,12 +36,10 @@ from torch import Tensor, nn
 
 from .._utils.option_error import OptionError
 from .classifier_layout import block_list
+from .strategies import BRIDGE_METHODS, DEFAULT_BRIDGE
 
 __all__ = ["BRIDGE_METHODS", "DEFAULT_BRIDGE", "RIDGE", "BridgeFit", "bridge_cut", "dropped_runs", "mlp_branch"]
 
-#: Fits of a bridge; "none" leaves a cut as it is.
-BRIDGE_METHODS = ("lstsq", "cosine", "none")
-DEFAULT_BRIDGE = "lstsq"
 #: Ridge of the least-squares fit, relative to the mean squared input (the pilot's 1e-3).
 RIDGE = 1e-3
 #: Adam steps and learning rate of the cosine refinement (full batch over the sampled tokens).
@@ -62,7 +60,7 @@ def mlp_branch(block: nn.Module) -> tuple[nn.Linear, nn.Parameter | None]:
     fc2 = getattr(getattr(block, "mlp", None), "fc2", None)
     if not isinstance(fc2, nn.Linear) or fc2.bias is None:
         raise OptionError("cannot bridge a cut of {block}: no MLP output projection with a bias (mlp.fc2) to merge "
-                          "the bridge into; use {bridge:none}", block=type(block).__name__)
+                          "the bridge into; use {bridge:'none'}", block=type(block).__name__)
     for path in SCALES:
         try:
             return fc2, block.get_parameter(path)
@@ -217,7 +215,7 @@ def _check_additive(cut: nn.Module, position: int, images: Tensor) -> None:
     expected = torch.ones_like(shift) if scale is None else scale.detach().expand_as(shift)
     if not torch.allclose(shift, expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max())):
         raise OptionError("cannot bridge a cut of {block}: it does not add its MLP output to the residual stream "
-                          "as it is (a post-norm block), so the bridge does not merge; use {bridge:none}",
+                          "as it is (a post-norm block), so the bridge does not merge; use {bridge:'none'}",
                           block=type(block).__name__)
 
 
@@ -252,3 +250,4 @@ def bridge_cut(uncut: nn.Module, cut: nn.Module, kept: list[int], images: Tensor
             module.train(training)
         torch.set_rng_state(rng)
     return BridgeFit(method, bridged, unbridged, len(images), time.perf_counter() - start)
+
