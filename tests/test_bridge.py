@@ -2,14 +2,21 @@
 computes (the kept block's MLP branch ``m`` replaced by ``m·A + c``, by hooks on the unmerged cut), in every
 family the project covers; families where it cannot merge are refused in one line."""
 
+import copy
+
 import pytest
+import timm
 import torch
 from test_families import HF, TIMM, make_hf, make_timm
+from test_truncate_auto import four_blocks, idle_ckpt  # noqa: F401  (fixtures the last test uses)
 from torch import Tensor, nn
 
+import isiwatch
+from isiwatch.io.data import embedded_digits
 from isiwatch.truncation.bridge import _activations, _fit_lstsq, bridge_cut, dropped_runs, mlp_branch
 from isiwatch.truncation.classifier_layout import block_list
 from isiwatch.truncation.surgery import cut_vit
+from isiwatch.truncation.truncate import truncate
 
 #: Families whose blocks have no MLP output projection to merge into, or add it after a norm (post-norm).
 REFUSED = {"parallel_scaling", "parallel_things", "diff_parallel_fused_proj", "relpos_res_post"}
@@ -66,3 +73,53 @@ def test_merged_bridge_equals_the_explicit_bridge(family):
     scale = want.abs().max()
     assert (got - want).abs().max() <= 1e-5 * scale
     assert (plain - want).abs().max() > 1e-3 * scale  # the bridge changed the cut
+
+
+def test_a_run_from_block_0_stays_as_cut_and_the_models_rng_and_modes_are_left_alone():
+    uncut = make_timm("deit_distilled").train()
+    kept = [1, 3]
+    uncut.blocks.append(copy.deepcopy(uncut.blocks[2]))  # depth 4: runs [0] (no kept block before) and [2]
+    cut = cut_vit(uncut, kept)
+    before = {k: v.clone() for k, v in uncut.state_dict().items()}
+    images = torch.randn(8, 1, 28, 28)
+    rng = torch.get_rng_state()
+    fit = bridge_cut(uncut, cut, kept, images)
+    assert fit.bridged == [{"after": 1, "dropped": [2]}] and fit.unbridged == [[0]]
+    assert torch.equal(torch.get_rng_state(), rng) and uncut.training and cut.training
+    assert all(torch.equal(v, before[k]) for k, v in uncut.state_dict().items())
+    assert not torch.equal(cut.blocks[0].mlp.fc2.weight, uncut.blocks[1].mlp.fc2.weight)  # bridged into
+    assert torch.equal(cut.blocks[1].mlp.fc2.weight, uncut.blocks[3].mlp.fc2.weight)  # after the last run: as is
+
+
+def test_cut_bridges_on_images_and_refuses_a_bridge_without_them():
+    uncut = make_timm("deit_distilled")
+    images = torch.randn(16, 1, 28, 28)
+    plain = isiwatch.cut(uncut, 2, strategy="tail")
+    bridged = isiwatch.cut(uncut, 2, strategy="tail", images=images, bridge="lstsq")
+    assert not torch.equal(plain.blocks[1].mlp.fc2.weight, bridged.blocks[1].mlp.fc2.weight)
+    with pytest.raises(ValueError, match="bridge fits the bridge on images: pass images"):
+        isiwatch.cut(uncut, 2, strategy="tail", bridge="lstsq")
+    with pytest.raises(ValueError, match="unknown bridge fit 'ridge'"):
+        isiwatch.cut(uncut, 2, strategy="tail", images=images, bridge="ridge")
+
+
+def test_epochs_0_certifies_a_bridged_cut_deeper_than_the_cut_as_it_is_and_timm_loads_it(idle_ckpt,  # noqa: F811
+                                                                                         tmp_path):
+    """The trained 4-block ViT with 3 identity blocks (tests/test_truncate_auto.py), no healing, at 3 points: as
+    cut the search stops at its 4 trained blocks; the bridge certifies cutting trained blocks too. The written
+    file loads strictly into plain timm at that depth and predicts what the returned model predicts."""
+    out = tmp_path / "cut.pt"
+    result = truncate(idle_ckpt, out, epochs=0, max_drop=3.0, budget=2, images=200)
+    search = result.report["search"]
+    winner = search["winner"]
+    assert winner["repair"] == "bridge" and winner["keep"] < 4 and winner["bridge"]["runs"]
+    as_cut = [c["keep"] for c in search["candidates"] if c["repair"] == "none" and c["qualifies"]]
+    assert min(as_cut) == 4 and winner["validation_drop"]["upper_bound_points"] <= 3.0
+    assert search["bridge"]["calibration_images"] == 200 and search["bridge"]["calibration_seconds"] > 0
+    saved = torch.load(out, weights_only=True)
+    plain = timm.create_model(saved["arch"], pretrained=False, **saved["model_kwargs"])
+    plain.load_state_dict(saved["state_dict"], strict=True)
+    assert len(plain.blocks) == winner["keep"]
+    images = embedded_digits()[0][-500:]
+    with torch.no_grad():
+        assert torch.equal(plain.eval()(images).argmax(-1), result.model.eval()(images).argmax(-1))
