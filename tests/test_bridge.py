@@ -103,6 +103,7 @@ def test_cut_bridges_on_images_and_refuses_a_bridge_without_them():
         isiwatch.cut(uncut, 2, strategy="tail", images=images, bridge="ridge")
 
 
+@pytest.mark.slow
 def test_epochs_0_certifies_a_bridged_cut_deeper_than_the_cut_as_it_is_and_timm_loads_it(idle_ckpt,  # noqa: F811
                                                                                          tmp_path):
     """The trained 4-block ViT with 3 identity blocks (tests/test_truncate_auto.py), no healing, at 3 points: as

@@ -107,13 +107,31 @@ def _first(output: Any) -> Tensor:
     return result
 
 
+class _Stop(Exception):
+    """Raised by a `_capture` hook that ends a forward pass once what it needs is captured."""
+
+
 @contextmanager
-def _capture(module: nn.Module, store: list[Tensor]) -> Iterator[None]:
-    handle = module.register_forward_hook(lambda _m, _i, out: store.append(_first(out).detach()))
+def _capture(module: nn.Module, store: list[Tensor], stop: bool = False) -> Iterator[None]:
+    """Append ``module``'s output to ``store`` on every forward; with ``stop``, end the pass there (`_until`)."""
+    def hook(_module: nn.Module, _inputs: Any, out: Any) -> None:
+        store.append(_first(out).detach())
+        if stop:
+            raise _Stop
+
+    handle = module.register_forward_hook(hook)
     try:
         yield
     finally:
         handle.remove()
+
+
+def _until(model: nn.Module, images: Tensor) -> None:
+    """Run ``model`` on ``images`` up to the `_capture` that stops it (the later blocks cost nothing)."""
+    try:
+        model(images)
+    except _Stop:
+        pass
 
 
 def _batches(images: Tensor) -> Iterator[Tensor]:
@@ -132,9 +150,10 @@ def _activations(uncut: nn.Module, cut: nn.Module, images: Tensor, last_dropped:
         f: list[Tensor] = []
         h: list[Tensor] = []
         z: list[Tensor] = []
-        with _capture(fc2, f), _capture(block, h), _capture(block_list(uncut)[last_dropped], z):
-            cut(batch.to(device))
-            uncut(batch.to(device))
+        with _capture(fc2, f), _capture(block, h, stop=True):
+            _until(cut, batch.to(device))
+        with _capture(block_list(uncut)[last_dropped], z, stop=True):
+            _until(uncut, batch.to(device))
         width = h[0].shape[-1]
         m = f[0] if scale is None else f[0] * scale
         m, hh, zz = (t.reshape(-1, width).double() for t in (m, h[0], z[0]))
@@ -205,10 +224,10 @@ def _check_additive(cut: nn.Module, position: int, images: Tensor) -> None:
     outputs: list[Tensor] = []
     bias = fc2.bias.detach().clone()
     try:
-        with _capture(block, outputs):
-            cut(batch)
+        with _capture(block, outputs, stop=True):
+            _until(cut, batch)
             fc2.bias.add_(1.0)
-            cut(batch)
+            _until(cut, batch)
     finally:
         fc2.bias.copy_(bias)
     shift = outputs[1] - outputs[0]
