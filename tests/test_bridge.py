@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 import isiwatch
 from isiwatch.io.data import embedded_digits
-from isiwatch.truncation.bridge import _activations, _fit_lstsq, bridge_cut, dropped_runs, mlp_branch
+from isiwatch.truncation.bridge import _activations, _capture, _fit_lstsq, bridge_cut, dropped_runs, mlp_branch
 from isiwatch.truncation.classifier_layout import block_list
 from isiwatch.truncation.surgery import cut_vit
 from isiwatch.truncation.truncate import truncate
@@ -124,3 +124,19 @@ def test_epochs_0_certifies_a_bridged_cut_deeper_than_the_cut_as_it_is_and_timm_
     images = embedded_digits()[0][-500:]
     with torch.no_grad():
         assert torch.equal(plain.eval()(images).argmax(-1), result.model.eval()(images).argmax(-1))
+
+
+def test_the_cosine_fit_lowers_the_cosine_distance_the_least_squares_fit_leaves():
+    """ReplaceMe's variant: started from least squares, its Adam steps on the cosine distance between the bridged
+    stream and the uncut one lower that distance on the calibration tokens."""
+    uncut = make_timm("deit_distilled")
+    images, kept = torch.randn(32, 1, 28, 28), [0, 1]
+
+    def distance(method):
+        cut = cut_vit(uncut, kept)
+        bridge_cut(uncut, cut, kept, images, method)
+        streams = [[], []]
+        with _capture(cut.blocks[1], streams[0]), _capture(uncut.blocks[2], streams[1]), torch.no_grad():
+            cut(images), uncut(images)
+        return float((1 - torch.cosine_similarity(*streams[0], *streams[1], dim=-1)).mean())
+    assert distance("cosine") < distance("lstsq")
