@@ -78,9 +78,9 @@ def test_auto_removes_spread_out_idle_blocks_within_max_drop(idle_ckpt, tmp_path
     # screened with a quarter of the full heal (one epoch of 4,000 digits: 32 steps)
     assert {c["healing_steps"] for c in healed} == {8} and search["test"]["images"] == 500
     assert winner["keep"] == min(c["keep"] for c in search["candidates"] if c["qualifies"])
-    if winner["chain"] == "cut":  # kept as it is: the 4 trained blocks, predictions unchanged
+    if winner["chain"] == "cut":  # not healed: the 4 trained blocks (bridged, or as they are: no change)
         assert report["healing_steps"] == 0 and search["full_heal"] is None
-        assert report["agreement"]["healed"] == 1.0
+        assert winner["repair"] == "bridge" or report["agreement"]["healed"] == 1.0
     else:  # a screened winner is healed afresh in full (the full heal's own rule)
         assert search["full_heal"]["healing_steps"] == 32
     # reported accuracy is on the test half, which took no part in the choice
@@ -93,7 +93,7 @@ def test_auto_removes_spread_out_idle_blocks_within_max_drop(idle_ckpt, tmp_path
 def test_cli_auto_is_the_default_and_prints_every_candidate(idle_ckpt, tmp_path):
     out = tmp_path / "cut.pt"
     result = CliRunner().invoke(main, ["truncate", str(idle_ckpt), "--out", str(out), "--epochs", "0",
-                                       "--budget", "2", "--images", "200", "--max-drop", "3"])
+                                       "--budget", "2", "--images", "200", "--max-drop", "3", "--bridge", "none"])
     assert result.exit_code == 0, result.output
     assert "uncut accuracy validation n=" in result.output and "upper 95 % confidence bound" in result.output
     assert "(auto: bi)" in result.output and out.exists()
@@ -138,9 +138,10 @@ def test_the_defaults_cut_the_identity_blocks_of_a_padded_model(four_blocks, tmp
     said = lines.index("auto: 500 validation images; a cut that changes no prediction needs 477 to be certified "
                        "within 1 point at 95 % confidence")
     assert said < next(i for i, line in enumerate(lines) if line.startswith("uncut accuracy validation n="))
-    as_cut = [line.split() for line in lines if line.split()[:1] == ["bi"] and line.split()[3] == "0"]
+    as_cut = [line.split() for line in lines if line.split()[:1] == ["bi"] and line.split()[4] == "0"]
     assert [row[1] for row in as_cut[:4]] == ["7", "6", "5", "4"]
-    assert all(row[6] == "0.00" and row[-1] in ("ok", "winner") for row in as_cut[:4])  # certified, no drop
+    assert all(row[3] == "none" for row in as_cut[:4])  # the bridge cannot agree better than an identity cut
+    assert all(row[7] == "0.00" and row[-1] in ("ok", "winner") for row in as_cut[:4])  # certified, no drop
     kept = torch.load(out, weights_only=True)["isiwatch"]["kept_blocks"]
     assert len(kept) <= 4 and not {1, 3, 5, 7} & set(kept)
 
@@ -203,7 +204,8 @@ def test_an_interrupted_search_resumes_without_healing_its_finished_candidates(i
         assert resumed[key] == reference[key]
 
     def scored(report):
-        return [{k: v for k, v in c.items() if k not in ("resumed", "latency_ms", "latency_quartiles_ms")}
+        return [{k: v for k, v in c.items() if k not in ("resumed", "latency_ms", "latency_quartiles_ms", "bridge")}
+                | {"bridge": c["bridge"] and {k: v for k, v in c["bridge"].items() if k != "calibration_seconds"}}
                 for c in report["search"]["candidates"]]
     assert scored(resumed) == scored(reference)
 

@@ -19,9 +19,9 @@ from isiwatch.measure.phases import Phases
 from isiwatch.measure.tables import phases_line
 from isiwatch.measure.vocabulary import ALERTS, DOC_TABLES, EPISODES, PHASES, markdown_table
 from isiwatch.watch.alerts import ALERT_KINDS, Alert
-from isiwatch.watch.monitor import INTERVAL_KIND
 from isiwatch.watch.exporters.tensorboard import TensorBoardExporter
 from isiwatch.watch.freezing import KIND as FREEZE_KIND
+from isiwatch.watch.monitor import INTERVAL_KIND
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 #: Where each table of the vocabulary is rendered in the docs.

@@ -386,6 +386,8 @@ def deploy(folder: Path) -> None:
 
 from ..truncation.engine import DIST_STRATEGIES, PRECISIONS  # noqa: E402  (choices; lightning loads lazily)
 from ..truncation.strategies import (  # noqa: E402  (option defaults, from a module free of torch and timm)
+    BRIDGE_METHODS,
+    DEFAULT_BRIDGE,
     DEFAULT_BUDGET,
     DEFAULT_CONFIDENCE,
     DEFAULT_MAX_DROP,
@@ -455,6 +457,11 @@ NO_CERTIFIED_CUT = 3
 @click.option("--screen-steps", type=click.IntRange(1, MAX_HEAL_STEPS),
               help="auto: optimizer steps of each candidate's screening heal (default: a quarter of a full heal); "
                    "the winner is healed fully.")
+@click.option("--bridge", type=click.Choice(BRIDGE_METHODS), default=DEFAULT_BRIDGE, show_default=True,
+              help="auto: repair each cut without training by a linear map fitted on --images healing images "
+                   "(least squares, or refined on cosine distance) and merged into the block before the dropped "
+                   "ones, when that agrees better with the uncut model on those images (no validation image is "
+                   "read); healing starts from the chosen cut; none: cuts as they are and healed only.")
 @click.option("--resume", is_flag=True,
               help="auto: continue the search journalled in OUT.search.jsonl without healing its finished "
                    "candidates again.")
@@ -493,7 +500,7 @@ NO_CERTIFIED_CUT = 3
 def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval_data: str | None, dataset: str | None,
              train_split: str, val_split: str, class_map: Path | None, strategy: str | None, keep: int | None,
              max_drop: float, confidence: float, budget: int, train_last: int | None, epochs: int,
-             heal_steps: int | None, screen_steps: int | None, resume: bool, lr: float, distill: bool,
+             heal_steps: int | None, screen_steps: int | None, bridge: str, resume: bool, lr: float, distill: bool,
              metric: str | None, images: int, fmt: str, report: Path | None, arch: str | None,
              num_heads: int | None, no_ema: bool, seed: int, mean: tuple[float, ...] | None,
              std: tuple[float, ...] | None, progress: bool | None, device: str, devices: int, num_nodes: int,
@@ -501,11 +508,11 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
     fine-tuning its late blocks."""
     ctx = click.get_current_context()
-    search_only = ("max_drop", "confidence", "budget", "screen_steps", "resume")
+    search_only = ("max_drop", "confidence", "budget", "screen_steps", "bridge", "resume")
     typed = any(ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE for n in search_only)
     auto = (strategy or ("auto" if keep is None else "")) == "auto"
     if typed and not auto:  # a config file's default is no request
-        raise click.UsageError("--max-drop, --confidence, --budget, --screen-steps and --resume apply to "
+        raise click.UsageError("--max-drop, --confidence, --budget, --screen-steps, --bridge and --resume apply to "
                                "--strategy auto only")
     splits = [n for n in ("train_split", "val_split")
               if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
@@ -527,7 +534,7 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     try:
         result = truncate(checkpoint, out, analysis=analysis, data=heal_data, eval_data=evaluation, strategy=strategy,
                           keep=keep, max_drop=max_drop, confidence=confidence, budget=budget, train_last=train_last,
-                          epochs=epochs, heal_steps=heal_steps, screen_steps=screen_steps,
+                          epochs=epochs, heal_steps=heal_steps, screen_steps=screen_steps, bridge=bridge,
                           journal=journal_path(out) if auto else None, resume=resume, lr=lr, distill=distill,
                           metric=metric, images=images, fmt=fmt, report=report, arch=arch, num_heads=num_heads,
                           prefer_ema=not no_ema, mean=mean, std=std, device=_device(device), seed=seed,

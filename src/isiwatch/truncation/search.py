@@ -12,6 +12,11 @@ what gives fixed-sequence testing its power. The search walks that order twice, 
 - *healed*: each cut *screened*, healed with a short budget of optimizer steps, then scored the same way;
   ``budget`` caps the candidates healed.
 
+Each cut may be *bridged* first (`isiwatch.truncation.bridge`: a linear map fitted on healing images, no
+training) when that agrees better with the uncut model on those images; the choice reads no validation image, so
+it is part of the fixed order, and both sequences test the cut as chosen (its ``repair``: none, bridge, heal or
+bridge+heal). The family of tests, and its error budget, is the same as without the bridge.
+
 A sequence stops at its first candidate that does not *qualify* (the upper confidence bound of its drop above
 ``max_drop``; at confidence 0 the observed drop). The winner is the qualifying candidate with the fewest blocks
 (ties: the higher validation accuracy), or none; the caller heals a screened winner fully
@@ -39,22 +44,28 @@ __all__ = ["Candidate", "CutSearch", "Score", "SearchProgress"]
 
 @dataclass
 class Score:
-    """What healing and scoring one cut gave: validation accuracy before and after healing (the same for a cut
-    scored as it is), the paired comparison with the uncut model after it, the optimizer steps (0: not healed)
-    and the scored model."""
+    """What repairing and scoring one cut gave: validation accuracy before and after its repair (the same for a
+    cut scored as it is), the paired comparison with the uncut model after it, the optimizer steps (0: not
+    healed), the scored model and its bridge's record (`BridgeFit.to_dict`; None: not bridged)."""
 
     cut_accuracy: float
     healed_accuracy: float
     drop: PairedDrop
     steps: int
     model: object = None
+    bridge: dict[str, Any] | None = None
+
+    def repair(self, healed: bool) -> str:
+        """"none", "bridge", "heal" or "bridge+heal": what was done to the cut before it was scored."""
+        return "+".join(n for n, done in (("bridge", self.bridge is not None), ("heal", healed)) if done) or "none"
 
 
 @dataclass
 class Candidate:
-    """One scored cut: validation accuracy before (``cut``) and after (``healed``) healing, its paired drop,
+    """One scored cut: validation accuracy before (``cut``) and after (``healed``) its repair, its paired drop,
     the drop's upper bound (a fraction) and whether it qualifies; ``chain``: the sequence it was tested in
-    ("cut": as it is, "healed": screened); ``resumed``: read back from a journal."""
+    ("cut": not healed, "healed": screened); ``repair`` (`Score.repair`) and ``bridge`` (its record, None: not
+    bridged): what was done to it; ``resumed``: read back from a journal."""
 
     strategy: str
     kept: list[int]
@@ -65,6 +76,8 @@ class Candidate:
     qualifies: bool
     healing_steps: int
     chain: str = "healed"
+    repair: str = "heal"
+    bridge: dict[str, Any] | None = None
     resumed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -77,8 +90,8 @@ class Candidate:
                 "validation_accuracy": {"cut": self.cut, "healed": self.healed},
                 "validation_drop": {"points": 100 * self.drop.drop, "upper_bound_points": 100 * self.bound,
                                     **self.drop.to_dict()},
-                "qualifies": self.qualifies, "chain": self.chain, "healing_steps": self.healing_steps,
-                "resumed": self.resumed,
+                "qualifies": self.qualifies, "chain": self.chain, "repair": self.repair,
+                "healing_steps": self.healing_steps, "bridge": self.bridge, "resumed": self.resumed,
                 **self.extra}
 
     @classmethod
@@ -88,7 +101,8 @@ class Candidate:
         return cls(record["strategy"], list(record["kept_blocks"]), record["validation_accuracy"]["cut"],
                    record["validation_accuracy"]["healed"],
                    PairedDrop(drop["images"], drop["uncut_only"], drop["cut_only"]), drop["upper_bound_points"] / 100,
-                   record["qualifies"], record["healing_steps"], record["chain"], resumed=True)
+                   record["qualifies"], record["healing_steps"], record["chain"], record["repair"], record["bridge"],
+                   resumed=True)
 
 
 class SearchProgress:
@@ -153,7 +167,8 @@ class CutSearch:
             score = self.score(strategy, kept, healed)
             rule = self.guarantee.rule(chain)
             candidate = Candidate(strategy, kept, score.cut_accuracy, score.healed_accuracy, score.drop,
-                                  rule.bound(score.drop), rule.qualifies(score.drop), score.steps, chain)
+                                  rule.bound(score.drop), rule.qualifies(score.drop), score.steps, chain,
+                                  score.repair(healed), score.bridge)
             if healed:
                 self.journal.record(candidate.to_dict())
             model = score.model

@@ -130,6 +130,10 @@ HEAL_EPOCHS = 2
 HEAL_LR = 1e-3
 #: A screening heal is this share of the full heal's optimizer steps (at least one step).
 SCREEN_FRACTION = 0.25
+#: Fits of the linear bridge (`isiwatch.truncation.bridge`); "none" leaves a cut as it is. Least squares is the
+#: default: closed form, deterministic and one pass over the calibration images.
+BRIDGE_METHODS = ("lstsq", "cosine", "none")
+DEFAULT_BRIDGE = "lstsq"
 
 
 def get_strategy(name: str) -> Strategy:
@@ -164,8 +168,11 @@ def choose_blocks(name: str, depth: int, keep: int, *, phases: Phases | None = N
 
 
 def check_search_options(max_drop: float, budget: int, confidence: float = DEFAULT_CONFIDENCE,
-                         heal_steps: int | None = None, screen_steps: int | None = None) -> None:
+                         heal_steps: int | None = None, screen_steps: int | None = None,
+                         bridge: str = DEFAULT_BRIDGE) -> None:
     """One-line errors for an impossible request, before any work."""
+    if bridge not in BRIDGE_METHODS:
+        raise OptionError("unknown {bridge} fit {value!r}; choose one of " + ", ".join(BRIDGE_METHODS), value=bridge)
     if not 0 <= max_drop < 100:  # 100 points would allow any cut; the depth recommendation needs less
         raise OptionError("{max_drop} must be at least 0 points and below 100, got {value}", value=max_drop)
     if budget < 1:

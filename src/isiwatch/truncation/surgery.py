@@ -4,6 +4,8 @@ of ``truncate`` without its healing or search."""
 from __future__ import annotations
 
 import copy
+import time
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -12,10 +14,12 @@ from ..measure.analysis import DEFAULT_PHASE_METRIC, Analysis, analyze
 from ..measure.boundary_distances import boundary_distances
 from ..measure.phases import Phases
 from ..taps import vit_parts
+from .bridge import DEFAULT_BRIDGE, RIDGE, bridge_cut
 from .classifier_layout import block_list, block_path, with_blocks
+from .healing import predict
 from .strategies import DEFAULT_STRATEGY, CutInputs, choose_blocks, get_strategy
 
-__all__ = ["cut", "cut_vit", "measure_inputs"]
+__all__ = ["CutRepair", "cut", "cut_vit", "measure_inputs"]
 
 
 def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
@@ -35,6 +39,48 @@ def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
     cut = copy.deepcopy(model, {id(source): type(source)()})  # the blocks are not copied here…
     with_blocks(cut, path, [copy.deepcopy(source[i]) for i in kept])  # …only the kept ones, here
     return cut
+
+
+class CutRepair:
+    """The cuts of ``uncut`` an ``auto`` search tests, each bridged (``method``) when the bridged cut agrees with
+    the uncut model's predictions on more of the calibration ``images`` (healing images) than the cut as it is:
+    a choice that reads no validation image, so it belongs to the search's fixed order. Each cut is fitted once;
+    ``to_dict`` sums the calibration cost."""
+
+    def __init__(self, uncut: nn.Module, images: Tensor | None, method: str = DEFAULT_BRIDGE):
+        if method != "none" and images is None:
+            raise ValueError("a bridge needs calibration images")
+        self.uncut, self.images, self.method = uncut, images, method
+        self.reference = None if images is None or method == "none" else predict(uncut, images)
+        self.chosen: dict[tuple[int, ...], tuple[nn.Module, dict[str, Any] | None]] = {}
+        self.seconds = 0.0
+
+    def __call__(self, kept: list[int]) -> tuple[nn.Module, dict[str, Any] | None]:
+        """A fresh copy of the cut keeping ``kept``, bridged or not, and its bridge's record (None: not bridged)."""
+        key = tuple(kept)
+        if key not in self.chosen:
+            self.chosen[key] = self._choose(kept)
+        model, fit = self.chosen[key]
+        return copy.deepcopy(model), fit
+
+    def _choose(self, kept: list[int]) -> tuple[nn.Module, dict[str, Any] | None]:
+        cut = cut_vit(self.uncut, kept)
+        if self.reference is None or self.images is None:
+            return cut, None
+        bridged = copy.deepcopy(cut)
+        fit = bridge_cut(self.uncut, bridged, kept, self.images, self.method)
+        start = time.perf_counter()
+        agree = {name: float((predict(m, self.images) == self.reference).float().mean())
+                 for name, m in (("cut", cut), ("bridged", bridged))}
+        self.seconds += fit.seconds + time.perf_counter() - start
+        record = {**fit.to_dict(), "calibration_agreement": agree}
+        return (bridged, record) if agree["bridged"] > agree["cut"] and fit.bridged else (cut, None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The bridge's settings and what fitting and choosing cost over every cut (seconds, images)."""
+        return {"method": self.method, "ridge": None if self.method == "none" else RIDGE,
+                "calibration_images": 0 if self.images is None else len(self.images), "cuts_fitted": len(self.chosen)
+                if self.reference is not None else 0, "calibration_seconds": self.seconds}
 
 
 def phases_of(analysis: Analysis, metric: str) -> Phases | None:
@@ -57,7 +103,7 @@ def measure_inputs(model: nn.Module, images: Tensor, needs: frozenset[str], *, a
 
 
 def cut(model: nn.Module, keep: int, *, strategy: str = DEFAULT_STRATEGY, images: Tensor | None = None,
-        metric: str = DEFAULT_PHASE_METRIC, seed: int = 0) -> nn.Module:
+        metric: str = DEFAULT_PHASE_METRIC, seed: int = 0, bridge: str = "none") -> nn.Module:
     """A copy of ``model`` with only ``keep`` of its blocks, neither healed nor searched: for healing in your own
     training loop (or with [`heal`][isiwatch.heal]).
 
@@ -70,20 +116,31 @@ def cut(model: nn.Module, keep: int, *, strategy: str = DEFAULT_STRATEGY, images
             ``angular`` read the model's response to them, a few hundred are enough.
         metric: The per-layer curve whose plateau ``plateau`` drops.
         seed: Seed of the ``random`` strategy.
+        bridge: Repair the cut without training: ``"lstsq"`` (least squares) or ``"cosine"`` fit one linear map
+            per run of dropped blocks on ``images`` and merge it into the kept block before the run
+            (`isiwatch.truncation.bridge`; the result is still a plain model of the smaller depth), a better start
+            for healing; ``"none"`` (the default): the plain cut.
 
     Returns:
         The cut model, a copy on ``model``'s device.
 
     Raises:
-        ValueError: An unknown strategy, ``keep`` out of range, or a strategy that measures the model without
-            ``images`` (or, for ``plateau``, a curve without a plateau).
+        ValueError: An unknown strategy or bridge, ``keep`` out of range, a strategy or a bridge that measures the
+            model without ``images`` (or, for ``plateau``, a curve without a plateau), or a family the bridge
+            cannot merge into (parallel or post-norm blocks).
     """
     chosen = get_strategy(strategy)
     needs = chosen.needs
     if needs and images is None:
         raise OptionError("the {name} strategy measures the model: pass {images}", name=chosen.name)
+    if bridge != "none" and images is None:
+        raise OptionError("{bridge} fits the bridge on images: pass {images}")
     depth = len(block_list(model))
     inputs = CutInputs(seed=seed) if images is None else measure_inputs(model, images, needs, metric=metric, seed=seed)
     kept = choose_blocks(chosen.name, depth, keep, phases=inputs.phases, distances=inputs.distances, seed=seed)
-    return cut_vit(model, kept)
+    result = cut_vit(model, kept)
+    if bridge != "none":
+        assert images is not None  # checked above
+        bridge_cut(model, result, kept, images, bridge)
+    return result
 

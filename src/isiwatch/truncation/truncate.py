@@ -50,6 +50,7 @@ from .healing import HEAL_BATCH, Images, default_train_last, heal, predict
 from .journal import SearchJournal
 from .search import Candidate, CutSearch, Score, SearchProgress
 from .strategies import (
+    DEFAULT_BRIDGE,
     DEFAULT_BUDGET,
     DEFAULT_CONFIDENCE,
     DEFAULT_MAX_DROP,
@@ -64,7 +65,7 @@ from .strategies import (
     get_strategy,
     inputs_needed,
 )
-from .surgery import cut_vit, measure_inputs
+from .surgery import CutRepair, cut_vit, measure_inputs
 from .truncate_report import candidates_table, measure, report_table
 
 if TYPE_CHECKING:
@@ -129,6 +130,7 @@ class TruncateRequest:
     epochs: int = HEAL_EPOCHS
     heal_steps: int | None = None
     screen_steps: int | None = None
+    bridge: str = DEFAULT_BRIDGE
     journal: Path | None = None
     resume: bool = False
     lr: float = HEAL_LR
@@ -171,7 +173,8 @@ class TruncateRequest:
             get_strategy(self.strategy)
         elif self.keep is not None:
             raise OptionError("{keep} fixes the depth; it cannot be combined with {strategy:'auto'}")
-        check_search_options(self.max_drop, self.budget, self.confidence, self.heal_steps, self.screen_steps)
+        check_search_options(self.max_drop, self.budget, self.confidence, self.heal_steps, self.screen_steps,
+                             self.bridge)
         if self.resume and self.journal is None:
             raise OptionError("{resume} continues the search journalled in {journal}; give one (the command line "
                               "keeps it beside {out})")
@@ -613,6 +616,7 @@ def truncate(
     epochs: int = HEAL_EPOCHS,
     heal_steps: int | None = None,
     screen_steps: int | None = None,
+    bridge: str = DEFAULT_BRIDGE,
     journal: str | Path | None = None,
     resume: bool = False,
     lr: float = HEAL_LR,
@@ -680,6 +684,11 @@ def truncate(
         heal_steps: Optimizer steps of a full heal (batches of 128 images); None: ``epochs`` passes.
         screen_steps: ``auto``: optimizer steps of each candidate's screening heal; None: a quarter of
             ``heal_steps`` (at least 1).
+        bridge: ``auto``: the linear bridge that repairs a cut without training (`isiwatch.truncation.bridge`):
+            ``"lstsq"`` (least squares, closed form), ``"cosine"`` (ReplaceMe's cosine-distance refinement) or
+            ``"none"``; fitted on the first ``images`` healing images and merged into the kept block before each
+            dropped run, so the cut stays a plain shallower model. A cut is bridged (before any healing) when
+            that agrees better with the uncut model on those images; the guarantee is unchanged.
         journal: ``auto``: a JSON-lines file the search appends each finished candidate to.
         resume: ``auto``: take the candidates an interrupted run of the same search left in ``journal``
             instead of healing them again.
@@ -687,7 +696,7 @@ def truncate(
         distill: Also distil the uncut model's logits while healing.
         analysis: An ``analysis.json`` of this model (default: analyse it on ``images`` healing images).
         metric: The curve whose plateau ``plateau`` cuts (default: the analysis's, else token_similarity).
-        images: Healing images the analysis and the block scores are measured on.
+        images: Healing images the analysis, the block scores and the bridge are measured on.
         fmt: Checkpoint format of ``out``: ``"pt"`` or ``"safetensors"``.
         report: Also write the report as JSON here.
         arch: timm architecture of a checkpoint that records none (default: inferred).
@@ -729,8 +738,8 @@ def truncate(
         source, out=None if out is None else Path(out), analysis=None if analysis is None else Path(analysis),
         data=data, eval_data=eval_data, strategy=strategy, keep=keep, max_drop=max_drop, confidence=confidence,
         budget=budget, train_last=train_last, epochs=epochs, heal_steps=heal_steps, screen_steps=screen_steps,
-        journal=None if journal is None else Path(journal), resume=resume, lr=lr, distill=distill, metric=metric,
-        images=images, fmt=fmt,
+        bridge=bridge, journal=None if journal is None else Path(journal), resume=resume, lr=lr, distill=distill,
+        metric=metric, images=images, fmt=fmt,
         report=None if report is None else Path(report), arch=arch, num_heads=num_heads, prefer_ema=prefer_ema,
         mean=mean, std=std, device=device, seed=seed, progress=progress, batch_size=batch_size, workers=workers,
         devices=devices, num_nodes=num_nodes, dist_strategy=dist_strategy, precision=precision, echo=echo,
@@ -753,8 +762,8 @@ def _search_header(plan: TruncationPlan, guarantee: SearchGuarantee, uncut_corre
     return {"source_sha256": plan.checkpoint.sha256, "depth": plan.depth,
             "data": plan.split.data, "uncut_validation_correct": int(uncut_correct.sum()),
             "rule": guarantee.to_dict(), "budget": r.budget, "screen_steps": plan.screen_steps,
-            "heal_steps": plan.heal_steps, "lr": r.lr, "distill": r.distill, "train_last": r.train_last, "seed": r.seed,
-            "metric": plan.metric}
+            "heal_steps": plan.heal_steps, "bridge": r.bridge, "images": r.images, "lr": r.lr, "distill": r.distill,
+            "train_last": r.train_last, "seed": r.seed, "metric": plan.metric}
 
 
 def _timing_batch(images: Images) -> Tensor:
@@ -771,11 +780,11 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
     """The cheapest certified cut of the plan's uncut model (or a copy of it), its kept blocks and the search
     record (`isiwatch.truncation.search`).
 
-    The fixed order of cuts is tested as cuts (no healing) and healed: screened with
-    `TruncationPlan.screen_steps` healing steps. A screened winner is then healed afresh with the full
-    `TruncationPlan.heal_steps` and judged on its own (the full heal's part of
-    `TruncationPlan.guarantee`); should that fail, the screened model, which qualified, is returned. The search
-    journal (``journal``) makes an interrupted search resumable (``resume``).
+    The fixed order of cuts is tested as cuts (no healing; bridged when that agrees better with the uncut model on
+    the healing images, `CutRepair`) and healed from them: screened with `TruncationPlan.screen_steps` steps. A
+    screened winner is then healed afresh with the full `TruncationPlan.heal_steps` and judged on its own (the
+    full heal's part of `TruncationPlan.guarantee`); should that fail, the screened model, which qualified, is
+    returned. The search journal (``journal``) makes an interrupted search resumable (``resume``).
     """
     r, split, uncut = plan.request, plan.split, plan.uncut
     assert plan.distances is not None  # plan() measures them for auto
@@ -791,15 +800,17 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
             return None
         return choose_blocks(strategy, depth, keep, phases=plan.phases, distances=plan.distances, seed=r.seed)
 
+    repair = CutRepair(uncut, first_images(split.probe_x, r.images)[0] if r.bridge != "none" else None, r.bridge)
+
     def heal_and_score(kept: list[int], steps: int) -> Score:
-        model = cut_vit(uncut, kept)
+        model, bridge = repair(kept)
         correct = predict(model, split.val_x) == split.val_y
         cut = float(correct.float().mean())
         if steps:
             steps = plan.heal(model, steps)
             correct = predict(model, split.val_x) == split.val_y
         return Score(cut, float(correct.float().mean()),
-                     PairedDrop.from_correct(uncut_correct.tolist(), correct.tolist()), steps, model)
+                     PairedDrop.from_correct(uncut_correct.tolist(), correct.tolist()), steps, model, bridge)
 
     record: dict[str, Any] = {
         "max_drop": r.max_drop, "confidence": r.confidence, "rule": guarantee.to_dict(), "budget": r.budget,
@@ -821,7 +832,7 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
     for c in search.candidates:
         c.extra = {"winner": c is winner}
     record.update({"candidates": [c.to_dict() for c in search.candidates],
-                   "winner": winner.to_dict() if winner else None,
+                   "winner": winner.to_dict() if winner else None, "bridge": repair.to_dict(),
                    "winner_strategy": winner.strategy if winner else "uncut"})
     if winner is None:
         closest = search.closest()

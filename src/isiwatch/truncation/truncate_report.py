@@ -70,14 +70,15 @@ def report_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
 
 
 def candidates_table(report: dict[str, Any]) -> str:
-    """Every cut ``auto`` scored, in testing order (as cuts, then healed): validation accuracies, the paired drop
-    and its bound, healing steps (0: scored as cut), costs, the verdict."""
+    """Every cut ``auto`` scored, in testing order (as cuts, then healed): its repair (none, bridge, heal,
+    bridge+heal), validation accuracies, the paired drop and its bound, healing steps (0: not healed), costs, the
+    verdict."""
     search = report["search"]
     candidates = search["candidates"]
     batch = candidates[0].get("latency_batch", 64) if candidates else 64
-    header = ["strategy", "blocks", "kept", "heal steps", "val cut", "val healed", "val drop", "bound", "params",
-              "MFLOPs/img", f"latency ms/{batch} (IQR)", ""]
-    rows = [[c["strategy"], c["keep"], ",".join(map(str, c["kept_blocks"])), c["healing_steps"],
+    header = ["strategy", "blocks", "kept", "repair", "heal steps", "val cut", "val healed", "val drop", "bound",
+              "params", "MFLOPs/img", f"latency ms/{batch} (IQR)", ""]
+    rows = [[c["strategy"], c["keep"], ",".join(map(str, c["kept_blocks"])), c.get("repair", "-"), c["healing_steps"],
              c["validation_accuracy"]["cut"], c["validation_accuracy"]["healed"],
              f"{c['validation_drop']['points']:.2f}", f"{c['validation_drop']['upper_bound_points']:.2f}",
              c["parameters"], c["flops_per_image"] / 1e6, latency_cell(c),
@@ -98,9 +99,14 @@ def rule_line(search: dict[str, Any]) -> str:
                f"healed, each sequence stopping at its first failure")
     screened = (f"; each healed candidate screened with {search['screen_steps']} healing steps"
                 if "healed" in rule["parts"] else "; no healing (0 steps): cuts only")
+    bridge = search.get("bridge") or {"method": "none"}  # reports written before the bridge have none
+    bridged = ("" if bridge["method"] == "none" else
+               f"; each cut bridged ({bridge['method']}) when that agrees better with the uncut model on "
+               f"{bridge['calibration_images']} healing images ({bridge['cuts_fitted']} fitted in "
+               f"{bridge['calibration_seconds']:.1f} s)")
     return (f"uncut accuracy validation n={search['validation_images']} {search['uncut_validation_accuracy']:.3f} "
             f"(val columns: the same {search['validation_images']} images); a cut qualifies when {how}; drops and "
-            f"bounds in points{screened}")
+            f"bounds in points{screened}{bridged}")
 
 
 def verdict_line(report: dict[str, Any]) -> str:
@@ -111,12 +117,13 @@ def verdict_line(report: dict[str, Any]) -> str:
     winner, test, depth = search["winner"], search["test"], report["cost"]["uncut"]["blocks"]
     full = search.get("full_heal")
     judged = full if full and full["qualifies"] else winner
+    bridged = "bridged, " if winner.get("repair", "").startswith("bridge") else ""
     if winner["chain"] == "cut":
-        kind = "as cut, not healed"
+        kind = f"{bridged or 'as cut, '}not healed"
     elif judged is full:
-        kind = f"full heal of {report['healing_steps']} steps"
+        kind = f"{bridged}full heal of {report['healing_steps']} steps"
     else:
-        kind = f"screening heal of {report['healing_steps']} steps" + (
+        kind = f"{bridged}screening heal of {report['healing_steps']} steps" + (
             "; its full heal was not certified" if full else "")
     bound = judged["validation_drop"]["upper_bound_points"]
     confidence = search["rule"]["confidence"]
