@@ -66,7 +66,7 @@ def run(mode: str, seed: int, threads: int, smoke: bool = False) -> dict[str, An
         seconds = time.perf_counter() - start
     lines = done.stdout.splitlines()
     summary = json.loads(lines[-1])
-    printed = next((line for line in lines if line.startswith(("cut to ", "no cut"))), "")
+    printed = next((line for line in lines if line.startswith(("cut to ", "no cut", "no certified cut"))), "")
     # "within its bound": the printed verdict is a cut and its certified bound is within the stated max drop
     within = summary["cut"] and printed.startswith("cut to ") and summary["upper_bound_points"] <= summary["max_drop"]
     phases = {"startup": summary.pop("begun") - launched, **summary.pop("phase_seconds")}  # startup: imports
