@@ -100,7 +100,7 @@ def auto_plan(model, split: Task, measured: tuple, seed: int, **options) -> Trun
     """A truncate plan of an in-memory sweep model on ``split``; ``measured``: its recommendation, phases and
     boundary distances; ``options``: :class:`TruncateRequest` fields (max_drop, confidence, budget, ...)."""
     recommendation, phases, distances = measured
-    request = TruncateRequest(model, seed=seed, **options)
+    request = TruncateRequest(model, seed=seed, **{"bridge": "none", **options})  # the rule as measured: no bridge
     source = Checkpoint(Path("<sweep model>"), "vit", {}, {}, "")
     return TruncationPlan(request, source, model, split, None, request.fabric_options.launch(), DEFAULT_PHASE_METRIC,
                           phases, recommendation, distances, None)

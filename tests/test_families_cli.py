@@ -129,11 +129,12 @@ def test_truncate_a_save_pretrained_directory(kind, tmp_path):
         again.output
 
 
-def test_truncate_auto_on_a_save_pretrained_directory(tmp_path):
-    """auto (the default strategy) counts the blocks of a transformers model too, which has no ``blocks``."""
+def test_truncate_auto_on_a_save_pretrained_directory_checks_its_labels_first(tmp_path):
+    """auto (the default strategy) reads a transformers model (which has no ``blocks``) and scores it on the
+    validation digits before it certifies anything: an untrained one is refused in one line, nothing written."""
     torch.manual_seed(0)
     HF_CLASSIFIERS["vit"]().eval().save_pretrained(tmp_path / "hf")
     out = tmp_path / "cut"
     result = run("truncate", tmp_path / "hf", "--out", out, "--epochs", 0, "--budget", 1, "--images", 64)
-    assert result.exit_code == 0, result.output
-    assert "(auto: " in result.output and json.loads((out / "isiwatch.json").read_text())["strategy"].startswith("auto")
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert "on the 500 validation images, not above chance" in result.output and not out.exists()

@@ -84,6 +84,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("isiwatch.measure",),
     ("isiwatch.watch", "isiwatch.truncation"),
     ("isiwatch.cli", "isiwatch.integrations"),
+    ("isiwatch.__main__",),  # python -m isiwatch: the command line
 ]
 
 

@@ -111,8 +111,9 @@ def own_disk(tmp_path):
 
 def test_a_resume_on_a_full_disk_drops_the_stale_records_once_there_is_room(digits, own_disk):  # noqa: F811
     """The crashed run logged steps 1-6 after its checkpoint at 3; the resume's rewrite fails on the full disk, so
-    the exporter's episode stays open (no "works again") until a write after the disk has room rewrites the file:
-    each step is then logged once, the resumed run's records from 4 on kept."""
+    the exporter's episode stays open (no "works again") until writes after the disk has room rewrote the file (an
+    episode clears after two successes in a row: steps 6 and 7): each step is then logged once, the resumed run's
+    records from 4 on kept."""
     _, _, px, py = digits
     model = tiny_vit()
     log_dir = own_disk / "run"
@@ -135,6 +136,6 @@ def test_a_resume_on_a_full_disk_drops_the_stale_records_once_there_is_room(digi
     resumed.close(final_sample=False)
     episode = [(r.kind, r.step) for r in records
                if r.kind.startswith("monitor_error") and r.data["source"] == "exporter JsonlExporter"]
-    assert episode[0][0] == "monitor_error" and episode[-1] == ("monitor_error_cleared", 6)
+    assert episode[0][0] == "monitor_error" and episode[-1] == ("monitor_error_cleared", 7)
     steps = steps_in(log_dir / "metrics.jsonl")
     assert steps == sorted(set(steps)) and steps[:3] == [1, 2, 3] and steps[-3:] == [6, 7, 8]
