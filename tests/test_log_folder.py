@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from test_faults import fill, tiny_vit
+from test_faults import fill, small_disk, tiny_vit  # noqa: F401  (small_disk: fixture)
 from test_watch import digits  # noqa: F401  (fixture)
 
 from isiwatch import Watch
@@ -95,35 +95,21 @@ def test_another_process_holds_the_folder_until_it_dies(digits, tmp_path):  # no
     assert steps_in(tmp_path / "metrics.jsonl") == [1]
 
 
-@pytest.fixture
-def own_disk(tmp_path):
-    """A real 320 KiB tmpfs (the tests run as root, as CI does)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=320k", "tmpfs", str(mount)], check=True,
-                       capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"mounting a tmpfs is not permitted here ({exc})")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-def test_a_resume_on_a_full_disk_drops_the_stale_records_once_there_is_room(digits, own_disk):  # noqa: F811
+def test_a_resume_on_a_full_disk_drops_the_stale_records_once_there_is_room(digits, small_disk):  # noqa: F811  # noqa: F811
     """The crashed run logged steps 1-6 after its checkpoint at 3; the resume's rewrite fails on the full disk, so
     the exporter's episode stays open (no "works again") until writes after the disk has room rewrote the file (an
     episode clears after two successes in a row: steps 6 and 7): each step is then logged once, the resumed run's
     records from 4 on kept."""
     _, _, px, py = digits
     model = tiny_vit()
-    log_dir = own_disk / "run"
+    log_dir = small_disk / "run"
     crashed = Watch(model, px, py, every_n_steps=1, log_dir=log_dir, run_name="r", heatmap_every=1000)
     for step in range(1, 7):
         crashed.step(step, 1.0)
         if step == 3:
             state = crashed.state_dict()
     crashed.close(final_sample=False)  # the process dies
-    ballast = fill(own_disk)
+    ballast = fill(small_disk)
     records = []
     resumed = Watch(model, px, py, every_n_steps=1, log_dir=log_dir, heatmap_every=1000,
                     alert_callback=records.append)

@@ -360,7 +360,7 @@ class Watch:
         ``loss`` (optional, read only on sampling steps and by [`finish`][isiwatch.Watch.finish]) feeds the
         ``isi_stall`` alert and the ``loss`` series. Returns every record emitted at this step, in the order they
         were dispatched: alert episodes opening and clearing, ``early_stop``, ``blocks_frozen`` and the Watch's own
-        ``monitor_error``/``monitor_error_cleared`` and ``sampling_stretched`` records (empty between samples).
+        ``monitor_error``/``monitor_error_cleared`` and ``sampling_interval`` records (empty between samples).
         """
         self._seen_step, self._seen_loss = global_step, loss
         if global_step % self.interval or global_step == self.last_step:
