@@ -13,10 +13,11 @@ from torch import Tensor, nn
 
 import isiwatch
 from isiwatch.io.data import embedded_digits
-from isiwatch.truncation.bridge import _activations, _capture, _fit_lstsq, bridge_cut, dropped_runs, mlp_branch
+from isiwatch.truncation.bridge import _activations, _fit_lstsq, bridge_cut, dropped_runs, mlp_branch
 from isiwatch.truncation.classifier_layout import block_list
 from isiwatch.truncation.surgery import cut_vit
 from isiwatch.truncation.truncate import truncate
+from isiwatch.truncation.uncut_stream import UncutStream, capture
 
 #: Families whose blocks have no MLP output projection to merge into, or add it after a norm (post-norm).
 REFUSED = {"parallel_scaling", "parallel_things", "diff_parallel_fused_proj", "relpos_res_post"}
@@ -37,7 +38,7 @@ def explicit(uncut: nn.Module, kept: list[int], images: Tensor) -> nn.Module:
     block = block_list(cut)[position]
     fc2, scale = mlp_branch(block)
     with torch.no_grad():
-        a, c = _fit_lstsq(_activations(uncut, cut, images, dropped[-1], position, scale))
+        a, c = _fit_lstsq(_activations(UncutStream(uncut, images), cut, kept, position, dropped[-1], scale))
     branch: list[Tensor] = []
     fc2.register_forward_hook(lambda _m, _i, out: branch.append(out if scale is None else out * scale))
 
@@ -136,7 +137,7 @@ def test_the_cosine_fit_lowers_the_cosine_distance_the_least_squares_fit_leaves(
         cut = cut_vit(uncut, kept)
         bridge_cut(uncut, cut, kept, images, method)
         streams = [[], []]
-        with _capture(cut.blocks[1], streams[0]), _capture(uncut.blocks[2], streams[1]), torch.no_grad():
+        with capture(cut.blocks[1], streams[0]), capture(uncut.blocks[2], streams[1]), torch.no_grad():
             cut(images), uncut(images)
         return float((1 - torch.cosine_similarity(*streams[0], *streams[1], dim=-1)).mean())
     assert distance("cosine") < distance("lstsq")

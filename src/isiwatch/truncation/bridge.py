@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +36,10 @@ from torch import Tensor, nn
 from .._utils.option_error import OptionError
 from .classifier_layout import block_list
 from .strategies import BRIDGE_METHODS, DEFAULT_BRIDGE
+from .uncut_stream import BATCH, UncutStream, batches, capture, resumed, until
 
-__all__ = ["BRIDGE_METHODS", "DEFAULT_BRIDGE", "RIDGE", "BridgeFit", "bridge_cut", "dropped_runs", "mlp_branch"]
+__all__ = ["BRIDGE_METHODS", "DEFAULT_BRIDGE", "RIDGE", "BridgeFit", "bridge_cut", "dropped_runs", "mlp_branch",
+           "resume_position"]
 
 #: Ridge of the least-squares fit, relative to the mean squared input (the pilot's 1e-3).
 RIDGE = 1e-3
@@ -47,8 +48,6 @@ COSINE_STEPS = 100
 COSINE_LR = 1e-3
 #: Tokens the cosine refinement samples from the calibration images (memory: tokens × width × 3 floats).
 COSINE_TOKENS = 20_000
-#: Calibration images per forward pass.
-BATCH = 128
 #: Where a block keeps the layer scale of its MLP branch: timm ViT (LayerScale), EVA/BEiT/CaiT, transformers
 #: BEiT, DINOv2.
 SCALES = ("ls2.gamma", "gamma_2", "lambda_2", "layer_scale2.lambda1")
@@ -101,62 +100,31 @@ class BridgeFit:
                 "calibration_seconds": self.seconds}
 
 
-def _first(output: Any) -> Tensor:
-    """The hidden states of a block's output (transformers blocks return a tuple)."""
-    result: Tensor = output[0] if isinstance(output, tuple) else output
-    return result
+def resume_position(kept: list[int]) -> int:
+    """The position a cut keeping ``kept`` runs from on the uncut stream while it is bridged and judged: the
+    kept block before its first dropped one (every block before it is the uncut model's, unchanged)."""
+    first_dropped = next((i for i, k in enumerate(kept) if i != k), len(kept))
+    return max(first_dropped - 1, 0)
 
 
-class _Stop(Exception):
-    """Raised by a `_capture` hook that ends a forward pass once what it needs is captured."""
-
-
-@contextmanager
-def _capture(module: nn.Module, store: list[Tensor], stop: bool = False) -> Iterator[None]:
-    """Append ``module``'s output to ``store`` on every forward; with ``stop``, end the pass there (`_until`)."""
-    def hook(_module: nn.Module, _inputs: Any, out: Any) -> None:
-        store.append(_first(out).detach())
-        if stop:
-            raise _Stop
-
-    handle = module.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-def _until(model: nn.Module, images: Tensor) -> None:
-    """Run ``model`` on ``images`` up to the `_capture` that stops it (the later blocks cost nothing)."""
-    try:
-        model(images)
-    except _Stop:
-        pass
-
-
-def _batches(images: Tensor) -> Iterator[Tensor]:
-    for start in range(0, len(images), BATCH):
-        yield images[start:start + BATCH]
-
-
-def _activations(uncut: nn.Module, cut: nn.Module, images: Tensor, last_dropped: int, position: int,
+def _activations(stream: UncutStream, cut: nn.Module, kept: list[int], position: int, last_dropped: int,
                  scale: Tensor | None) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
     """Per batch, flattened over tokens: the MLP branch ``m`` and the stream ``y`` of the cut's block at
-    ``position`` and the uncut model's stream ``z`` after its block ``last_dropped`` (float64)."""
+    ``position`` and the uncut model's stream ``z`` after its block ``last_dropped`` (float64); the cut runs from
+    the uncut stream (`resume_position`)."""
     block = block_list(cut)[position]
     fc2, _ = mlp_branch(block)
     device = next(cut.parameters()).device
-    for batch in _batches(images):
+    resume = resume_position(kept)
+    slices = zip(batches(stream.images), stream.entering(resume), stream.entering(last_dropped + 1), strict=True)
+    for batch, entry, target in slices:
         f: list[Tensor] = []
         h: list[Tensor] = []
-        z: list[Tensor] = []
-        with _capture(fc2, f), _capture(block, h, stop=True):
-            _until(cut, batch.to(device))
-        with _capture(block_list(uncut)[last_dropped], z, stop=True):
-            _until(uncut, batch.to(device))
+        with capture(fc2, f), capture(block, h, stop=True), resumed(cut, resume, entry.to(device), stream):
+            until(cut, batch.to(device))
         width = h[0].shape[-1]
         m = f[0] if scale is None else f[0] * scale
-        m, hh, zz = (t.reshape(-1, width).double() for t in (m, h[0], z[0]))
+        m, hh, zz = (t.reshape(-1, width).double() for t in (m, h[0], target.to(device)))
         yield m, hh - m, zz
 
 
@@ -176,11 +144,11 @@ def _fit_lstsq(pairs: Iterable[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, 
     return solution[:width], solution[width]
 
 
-def _fit_cosine(pairs: Iterable[tuple[Tensor, Tensor, Tensor]], batches: int) -> tuple[Tensor, Tensor]:
+def _fit_cosine(pairs: Iterable[tuple[Tensor, Tensor, Tensor]], slices: int) -> tuple[Tensor, Tensor]:
     """ReplaceMe's cosine variant: the least-squares fit refined by `COSINE_STEPS` Adam steps on the mean cosine
     distance between ``y + m·A + c`` and ``z``, over a seeded sample of at most `COSINE_TOKENS` tokens."""
     generator = torch.Generator().manual_seed(0)
-    per_batch = max(1, COSINE_TOKENS // batches)
+    per_batch = max(1, COSINE_TOKENS // slices)
     samples = []
     for m, y, z in pairs:
         pick = torch.randperm(len(m), generator=generator)[:per_batch].to(m.device)
@@ -224,10 +192,10 @@ def _check_additive(cut: nn.Module, position: int, images: Tensor) -> None:
     outputs: list[Tensor] = []
     bias = fc2.bias.detach().clone()
     try:
-        with _capture(block, outputs, stop=True):
-            _until(cut, batch)
+        with capture(block, outputs, stop=True):
+            until(cut, batch)
             fc2.bias.add_(1.0)
-            _until(cut, batch)
+            until(cut, batch)
     finally:
         fc2.bias.copy_(bias)
     shift = outputs[1] - outputs[0]
@@ -239,12 +207,15 @@ def _check_additive(cut: nn.Module, position: int, images: Tensor) -> None:
 
 
 def bridge_cut(uncut: nn.Module, cut: nn.Module, kept: list[int], images: Tensor,
-               method: str = DEFAULT_BRIDGE) -> BridgeFit:
+               method: str = DEFAULT_BRIDGE, stream: UncutStream | None = None) -> BridgeFit:
     """Bridge every run of blocks ``cut`` (a `cut_vit` of ``uncut`` keeping ``kept``) dropped, in place, fitted
     on ``images`` (model-ready calibration images: healing images, never validation ones); ``uncut`` is only
-    read. Modes and the global RNG are left as they were."""
+    read. ``stream``: the uncut stream on ``images`` kept from earlier cuts (default: computed here). Modes and
+    the global RNG are left as they were."""
     if method not in BRIDGE_METHODS:
         raise OptionError("unknown {bridge} fit {method!r}; choose " + ", ".join(BRIDGE_METHODS), method=method)
+    if stream is not None and stream.images is not images:
+        raise ValueError("the uncut stream was computed on other images")
     start = time.perf_counter()
     runs = dropped_runs(kept, len(block_list(uncut)))
     bridged: list[dict[str, Any]] = []
@@ -260,7 +231,8 @@ def bridge_cut(uncut: nn.Module, cut: nn.Module, kept: list[int], images: Tensor
                 position = kept.index(after)
                 _, scale = mlp_branch(block_list(cut)[position])
                 _check_additive(cut, position, images)
-                pairs = _activations(uncut, cut, images, dropped[-1], position, scale)
+                stream = stream or UncutStream(uncut, images)
+                pairs = _activations(stream, cut, kept, position, dropped[-1], scale)
                 a, c = (_fit_cosine(pairs, -(-len(images) // BATCH)) if method == "cosine" else _fit_lstsq(pairs))
                 merge(block_list(cut)[position], a, c)
                 bridged.append({"after": after, "dropped": dropped})

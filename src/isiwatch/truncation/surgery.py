@@ -14,10 +14,10 @@ from ..measure.analysis import DEFAULT_PHASE_METRIC, Analysis, analyze
 from ..measure.boundary_distances import boundary_distances
 from ..measure.phases import Phases
 from ..taps import vit_parts
-from .bridge import DEFAULT_BRIDGE, RIDGE, bridge_cut
+from .bridge import DEFAULT_BRIDGE, RIDGE, bridge_cut, resume_position
 from .classifier_layout import block_list, block_path, with_blocks
-from .healing import predict
 from .strategies import DEFAULT_STRATEGY, CutInputs, choose_blocks, get_strategy
+from .uncut_stream import UncutStream
 
 __all__ = ["CutRepair", "cut", "cut_vit", "measure_inputs"]
 
@@ -44,14 +44,14 @@ def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
 class CutRepair:
     """The cuts of ``uncut`` an ``auto`` search tests, each bridged (``method``) when the bridged cut agrees with
     the uncut model's predictions on more of the calibration ``images`` (healing images) than the cut as it is:
-    a choice that reads no validation image, so it belongs to the search's fixed order. Each cut is fitted once;
-    ``to_dict`` sums the calibration cost."""
+    a choice that reads no validation image, so it belongs to the search's fixed order. Each cut is fitted once,
+    on the uncut stream kept between cuts (`UncutStream`); ``to_dict`` sums the calibration cost."""
 
     def __init__(self, uncut: nn.Module, images: Tensor | None, method: str = DEFAULT_BRIDGE):
         if method != "none" and images is None:
             raise ValueError("a bridge needs calibration images")
         self.uncut, self.images, self.method = uncut, images, method
-        self.reference = None if images is None or method == "none" else predict(uncut, images)
+        self.stream = None if images is None or method == "none" else UncutStream(uncut, images)
         self.chosen: dict[tuple[int, ...], tuple[nn.Module, dict[str, Any] | None]] = {}
         self.seconds = 0.0
 
@@ -65,14 +65,15 @@ class CutRepair:
 
     def _choose(self, kept: list[int]) -> tuple[nn.Module, dict[str, Any] | None]:
         cut = cut_vit(self.uncut, kept)
-        if self.reference is None or self.images is None:
+        if self.stream is None:
             return cut, None
-        bridged = copy.deepcopy(cut)
-        fit = bridge_cut(self.uncut, bridged, kept, self.images, self.method)
         start = time.perf_counter()
-        agree = {name: float((predict(m, self.images) == self.reference).float().mean())
+        bridged = copy.deepcopy(cut)
+        fit = bridge_cut(self.uncut, bridged, kept, self.stream.images, self.method, self.stream)
+        resume, reference = resume_position(kept), self.stream.reference
+        agree = {name: float((self.stream.predictions(m, resume) == reference).float().mean())
                  for name, m in (("cut", cut), ("bridged", bridged))}
-        self.seconds += fit.seconds + time.perf_counter() - start
+        self.seconds += time.perf_counter() - start
         record = {**fit.to_dict(), "calibration_agreement": agree}
         return (bridged, record) if agree["bridged"] > agree["cut"] and fit.bridged else (cut, None)
 
@@ -80,7 +81,7 @@ class CutRepair:
         """The bridge's settings and what fitting and choosing cost over every cut (seconds, images)."""
         return {"method": self.method, "ridge": None if self.method == "none" else RIDGE,
                 "calibration_images": 0 if self.images is None else len(self.images), "cuts_fitted": len(self.chosen)
-                if self.reference is not None else 0, "calibration_seconds": self.seconds}
+                if self.stream is not None else 0, "calibration_seconds": self.seconds}
 
 
 def phases_of(analysis: Analysis, metric: str) -> Phases | None:
