@@ -37,7 +37,7 @@ def test_a_cut_run_from_the_stream_outputs_what_it_outputs_from_the_images_in_ev
         skipped = block_list(cut)[0]
         for part in skipped.modules():
             if part is not skipped:
-                part.register_forward_pre_hook(lambda *_: calls.append(0))
+                part.register_forward_pre_hook(lambda *_, calls=calls: calls.append(0))
         with torch.no_grad():
             want = output(cut, images[BATCH:])
             calls.clear()

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .classifier_layout import block_list
-from .healing import logits, predict
+from .classifier_layout import block_list, logits
+from .healing import predict
 
 __all__ = ["BATCH", "STORE_BYTES", "UncutStream", "resumed"]
 
@@ -179,7 +179,7 @@ def resumed(cut: nn.Module, position: int, entry: Tensor, stream: UncutStream) -
 
     try:
         for i, block in enumerate(blocks):
-            block.forward = passthrough(i)  # type: ignore[method-assign]
+            block.forward = passthrough(i)
         yield
     finally:
         for block in blocks:
