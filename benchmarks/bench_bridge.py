@@ -67,26 +67,33 @@ DIGITS_MODELS = {"demo": (12, 12, 2e-3), "deep-24": (24, 12, 3e-3)}
 CALIBRATION_IMAGES = 1000
 
 
-def train(name: str, epochs: int | None, work: Path) -> Path:
-    """The checkpoint of model ``name`` (``epochs`` overrides its recipe's), kept in ``work`` between runs."""
+def train(name: str, epochs: int | None, work: Path, device: str) -> Path:
+    """The checkpoint of model ``name`` (``epochs`` overrides its recipe's), trained on ``device`` and kept in
+    ``work`` between runs."""
     if name in GUARANTEE_MODELS:
-        return train_guarantee(name, epochs or 10, work)
+        return train_guarantee(name, epochs or 10, work, device)
     depth, recipe_epochs, lr = DIGITS_MODELS[name]
     epochs = epochs or recipe_epochs
     path = work / f"{name}-e{epochs}.pt"
     if not path.exists():
         model, kwargs = make_digits_vit(0, depth=depth)
         images, labels = embedded_digits()
-        train_classifier(model, images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN], epochs=epochs, lr=lr, batch_size=128,
-                         seed=0)
-        torch.save({"arch": DIGITS_VIT_ARCH, "model_kwargs": kwargs, "state_dict": model.eval().state_dict()}, path)
+        train_classifier(model.to(device), images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN], epochs=epochs, lr=lr,
+                         batch_size=128, seed=0)
+        torch.save({"arch": DIGITS_VIT_ARCH, "model_kwargs": kwargs, "state_dict": model.cpu().eval().state_dict()},
+                   path)
     return path
 
 
 def measured(fn: Callable[[], object]) -> tuple[int, float]:
-    """FLOPs and seconds of ``fn``."""
+    """FLOPs and seconds of ``fn`` (a CUDA device's queue drained before and after)."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     flops = count_flops(fn)
+    if cuda:
+        torch.cuda.synchronize()
     return flops, time.perf_counter() - start
 
 
@@ -161,8 +168,9 @@ def run_arm(cands: Candidates, arm: str, val: torch.Tensor, max_drop: float) -> 
 
 def run_model(name: str, args: argparse.Namespace, models: dict) -> list[dict]:
     """Every case of one model: each arm at each max drop on each seeded split of its held-out digits."""
-    path = train(name, args.epochs, args.work)
-    planned = plan(TruncateRequest(path, data="mnist", workers=0, images=args.images, heal_steps=args.heal_steps))
+    path = train(name, args.epochs, args.work, args.device)
+    planned = plan(TruncateRequest(path, data="mnist", workers=0, images=args.images, heal_steps=args.heal_steps,
+                                   device=args.device))
     cands = Candidates(planned, args.images)
     held = len(cands.labels)
     rows = []
@@ -236,6 +244,7 @@ def main() -> None:
     parser.add_argument("--heal-steps", type=int, help="steps of a full heal (default: truncate's, 2 epochs)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: padded-a, 1 epoch, 1 split, 3 points, 200 calibration digits, 8 heal steps")
+    parser.add_argument("--device", default="cpu", help="where models train, heal and are bridged (cpu, cuda)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/isiwatch-bench-bridge"))
     parser.add_argument("--results", type=Path, default=RESULTS)
     add_threads_argument(parser)
@@ -248,13 +257,15 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     models: dict = {}
-    rows = [row for name in args.models for row in run_model(name, args, models)]
-    summary, lines = summarise(rows)
+    rows: list[dict] = []
+    for name in args.models:  # the JSON is rewritten after each model: a run cut short keeps what it finished
+        rows += run_model(name, args, models)
+        summary, lines = summarise(rows)
+        record.update(load_1min_end=round(current_load(), 2), seconds=round(time.perf_counter() - start))
+        write_json(args.results / ("bridge_quick.json" if args.quick else "bridge.json"),
+                   {"summary": summary, "markdown": lines, "models": models, "rows": rows, "machine": record,
+                    "complete": len(models) == len(args.models), "args": {k: str(v) for k, v in vars(args).items()}})
     print("\n".join(lines))
-    record.update(load_1min_end=round(current_load(), 2), seconds=round(time.perf_counter() - start))
-    write_json(args.results / ("bridge_quick.json" if args.quick else "bridge.json"),
-               {"summary": summary, "markdown": lines, "models": models, "rows": rows, "machine": record,
-                "args": {k: str(v) for k, v in vars(args).items()}})
 
 
 if __name__ == "__main__":

@@ -59,18 +59,19 @@ MODELS = {"padded-a": (0, 4, [0, 1, 2, 3], 0.0), "padded-b": (1, 4, [3, 3, 3, 3]
 RULES = ("fixed sequence", "Bonferroni (before)")
 
 
-def train(name: str, epochs: int, work: Path) -> Path:
-    """The checkpoint of model ``name``, trained on the healing digits (kept in ``work`` between runs)."""
+def train(name: str, epochs: int, work: Path, device: str = "cpu") -> Path:
+    """The checkpoint of model ``name``, trained on the healing digits on ``device`` (kept in ``work`` between
+    runs)."""
     path = work / f"{name}-e{epochs}.pt"
     if path.exists():
         return path
     seed, depth, idle_after, scale = MODELS[name]
     images, labels = embedded_digits()
     torch.manual_seed(seed)
-    model = timm.create_model(ARCH, pretrained=False, depth=depth, **KWARGS)
+    model = timm.create_model(ARCH, pretrained=False, depth=depth, **KWARGS).to(device)
     train_classifier(model, images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN], epochs=epochs, lr=3e-3, batch_size=128,
                      seed=seed)
-    return padded(model.eval(), idle_after, path, scale)
+    return padded(model.cpu().eval(), idle_after, path, scale)
 
 
 class Candidates:

@@ -92,6 +92,21 @@ def test_a_run_from_block_0_stays_as_cut_and_the_models_rng_and_modes_are_left_a
     assert torch.equal(cut.blocks[1].mlp.fc2.weight, uncut.blocks[3].mlp.fc2.weight)  # after the last run: as is
 
 
+def test_a_kept_block_with_a_silent_mlp_branch_is_bridged_by_its_bias_alone():
+    """An identity block (its fc2 zeroed, as in padded checkpoints) before a dropped run: ``m = 0`` on every token,
+    so the normal equations were singular (``torch.linalg.solve`` failed); the bridge is then the mean shift."""
+    uncut = make_timm("deit_distilled").eval()
+    with torch.no_grad():
+        uncut.blocks[1].mlp.fc2.weight.zero_()
+        uncut.blocks[1].mlp.fc2.bias.zero_()
+    cut, kept, images = cut_vit(uncut, [0, 1]), [0, 1], torch.randn(16, 1, 28, 28)
+    fit = bridge_cut(uncut, cut, kept, images)
+    assert fit.bridged == [{"after": 1, "dropped": [2]}]
+    fc2 = cut.blocks[1].mlp.fc2
+    assert torch.equal(fc2.weight, torch.zeros_like(fc2.weight)) and fc2.bias.abs().sum() > 0
+    assert torch.isfinite(fc2.bias).all()
+
+
 def test_cut_bridges_on_images_and_refuses_a_bridge_without_them():
     uncut = make_timm("deit_distilled")
     images = torch.randn(16, 1, 28, 28)

@@ -129,7 +129,8 @@ def _activations(stream: UncutStream, cut: nn.Module, kept: list[int], position:
 
 
 def _fit_lstsq(pairs: Iterable[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """``A`` and ``c`` minimising ‖m·A + c − (z − y)‖² + ridge‖A‖² over all tokens (normal equations, float64)."""
+    """``A`` and ``c`` minimising ‖m·A + c − (z − y)‖² + ridge‖A‖² over all tokens (normal equations, float64;
+    ridge `RIDGE` × the mean input energy, 1 when the branch is silent)."""
     gram: Tensor | None = None
     cross: Tensor | None = None
     for m, y, z in pairs:
@@ -139,7 +140,8 @@ def _fit_lstsq(pairs: Iterable[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, 
     assert gram is not None and cross is not None  # at least one calibration image
     width = len(gram) - 1
     ridge = torch.zeros_like(gram)
-    ridge.diagonal()[:width] = RIDGE * gram.diagonal()[:width].mean()
+    energy = float(gram.diagonal()[:width].mean())
+    ridge.diagonal()[:width] = RIDGE * energy if energy > 0 else 1.0  # a silent branch (m = 0): A = 0, c the mean
     solution = torch.linalg.solve(gram + ridge, cross)
     return solution[:width], solution[width]
 

@@ -68,9 +68,10 @@ class CutRepair:
         if self.stream is None:
             return cut, None
         start = time.perf_counter()
+        reference = self.stream.reference  # first: its pass also stores the whole stream
         bridged = copy.deepcopy(cut)
         fit = bridge_cut(self.uncut, bridged, kept, self.stream.images, self.method, self.stream)
-        resume, reference = resume_position(kept), self.stream.reference
+        resume = resume_position(kept)
         agree = {name: float((self.stream.predictions(m, resume) == reference).float().mean())
                  for name, m in (("cut", cut), ("bridged", bridged))}
         self.seconds += time.perf_counter() - start

@@ -20,7 +20,6 @@ import torch
 from torch import Tensor, nn
 
 from .classifier_layout import block_list, logits
-from .healing import predict
 
 __all__ = ["BATCH", "STORE_BYTES", "UncutStream", "resumed"]
 
@@ -77,7 +76,8 @@ def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
 
 class UncutStream:
     """The stream of ``uncut`` entering each of its blocks (index ``depth``: leaving the last one) on the
-    calibration ``images``, per `BATCH` slice, computed on first use; and its predictions on them."""
+    calibration ``images``, per `BATCH` slice, and its predictions on them: all from one pass on first use, a
+    stream evicted since from a pass up to its block."""
 
     def __init__(self, uncut: nn.Module, images: Tensor, store_bytes: int = STORE_BYTES):
         self.uncut, self.images, self.store_bytes = uncut, images, store_bytes
@@ -90,7 +90,8 @@ class UncutStream:
     def reference(self) -> Tensor:
         """The uncut model's predictions on the calibration images."""
         if self._reference is None:
-            self._reference = predict(self.uncut, self.images)
+            self._fill(self.depth, predict=True)
+        assert self._reference is not None  # filled by that pass
         return self._reference
 
     def entering(self, index: int) -> list[Tensor]:
@@ -105,41 +106,51 @@ class UncutStream:
         return self._tuples[index]
 
     @torch.no_grad()
-    def _fill(self, index: int) -> None:
-        """One pass of the uncut model up to block ``index``, storing the stream entering every block up to it."""
-        blocks = block_list(self.uncut)
-        wanted: dict[int, list[Tensor]] = {i: [] for i in range(index + 1) if i not in self._stored}
-        handles = []
+    def _fill(self, index: int, predict: bool = False) -> None:
+        """One pass of the uncut model storing the stream entering each block it runs: the first pass runs the
+        whole model (every block's stream; with ``predict``, the predictions too), a later one stops at block
+        ``index``."""
+        whole = predict or not self._stored
+        last = self.depth if whole else index
+        wanted: dict[int, list[Tensor]] = {i: [] for i in range(last + 1) if i not in self._stored}
 
         def entering_hook(i: int) -> Any:
             def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
                 if i in wanted:
                     wanted[i].append(_hidden(args, kwargs).detach().cpu())
-                if i == index:
+                if i == last:
                     raise _Stop
             return hook
 
         def leaving_hook(i: int) -> Any:
             def hook(_module: nn.Module, _args: Any, out: Any) -> None:
                 self._tuples[i] = isinstance(out, tuple)
-                if i + 1 == self.depth and index == self.depth:
-                    wanted[index].append(first(out).detach().cpu())
-                    raise _Stop
+                if i + 1 == self.depth and self.depth in wanted:
+                    wanted[self.depth].append(first(out).detach().cpu())
             return hook
 
-        for i, block in enumerate(blocks):
-            handles.append(block.register_forward_pre_hook(entering_hook(i), with_kwargs=True))
-            handles.append(block.register_forward_hook(leaving_hook(i)))
+        blocks = block_list(self.uncut)
+        handles = [hook for i, block in enumerate(blocks) for hook in (
+            block.register_forward_pre_hook(entering_hook(i), with_kwargs=True),
+            block.register_forward_hook(leaving_hook(i)))]
         was_training = self.uncut.training
         device = next(self.uncut.parameters()).device
+        predictions = []
         try:
             self.uncut.eval()
             for batch in batches(self.images):
-                until(self.uncut, batch.to(device))
+                if predict:
+                    predictions.append(logits(self.uncut(batch.to(device))).argmax(-1).cpu())
+                elif whole:
+                    self.uncut(batch.to(device))
+                else:
+                    until(self.uncut, batch.to(device))
         finally:
             for handle in handles:
                 handle.remove()
             self.uncut.train(was_training)
+        if predict:
+            self._reference = torch.cat(predictions)
         self._stored.update(wanted)
         self._evict(keep=index)
 
