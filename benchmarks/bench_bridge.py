@@ -33,6 +33,7 @@ at 3 points, coverage at least 95 % in every group.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -232,6 +233,68 @@ def summarise(rows: list[dict]) -> tuple[dict, list[str]]:
     return {"groups": groups, "goals": goals}, lines
 
 
+def per_model(rows: list[dict], max_drop: float) -> list[str]:
+    """Mean blocks removed per model and arm at ``max_drop`` (over its splits), with the depth."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    lines = [f"| model (depth) | {' | '.join(ARMS)} |", "|---" * (len(ARMS) + 1) + "|"]
+    for name in models:
+        cells = []
+        for arm in ARMS:
+            group = [r for r in rows if r["model"] == name and r["arm"] == arm and r["max_drop"] == max_drop]
+            cells.append(f"{statistics.fmean(r['depth'] - r['keep'] for r in group):.1f}")
+        depth = next(r["depth"] for r in rows if r["model"] == name)
+        lines.append(f"| {name} ({depth}) | {' | '.join(cells)} |")
+    return lines
+
+
+def findings(summary: dict) -> list[str]:
+    """The goals' figures, one line per max drop: blocks removed and repair FLOPs of the bridge against
+    drop+heal."""
+    groups, lines = summary["groups"], []
+    for key in sorted({k.split(" @ ")[1] for k in groups}, key=float):
+        bridge, healed, both = (groups[f"{arm} @ {key}"] for arm in ("bridge", "drop+heal", "bridge+heal"))
+        goal = "; goal ≥ 1.25×" if float(key) == 3 else ""
+        lines.append(f"- Max drop {key}: `bridge` removes {bridge['blocks_removed']} blocks against "
+                     f"`drop+heal`'s {healed['blocks_removed']} "
+                     f"({bridge['blocks_removed'] / max(healed['blocks_removed'], 1):.2f}×) for "
+                     f"{bridge['repair_flops_per_case'] / healed['repair_flops_per_case']:.2f}× its repair FLOPs "
+                     f"(goal: ≥ 1× the blocks at ≤ 0.10× the FLOPs); `bridge+heal` removes "
+                     f"{both['blocks_removed']} ({both['blocks_removed'] / max(healed['blocks_removed'], 1):.2f}×"
+                     f"{goal}).")
+    return lines
+
+
+def figure(result: dict, path: Path) -> Path:
+    """Blocks removed and repair GFLOPs per case, per arm and max drop."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = result["summary"]["groups"]
+    drops = sorted({float(k.split(" @ ")[1]) for k in groups})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    width = 0.8 / len(ARMS)
+    for i, arm in enumerate(ARMS):
+        at = [groups[f"{arm} @ {d:g}"] for d in drops]
+        xs = [j + i * width for j in range(len(drops))]
+        axes[0].bar(xs, [g["blocks_removed"] for g in at], width, label=arm)
+        axes[1].bar(xs, [g["repair_flops_per_case"] / 1e9 for g in at], width, label=arm)  # drop: 0, no bar
+    cases = next(iter(groups.values()))["cases"]
+    for ax, label in zip(axes, (f"blocks removed (sum over {cases} cases)", "repair GFLOPs per case (log; drop: 0)"),
+                         strict=True):
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(drops))], [f"max drop {d:g}" for d in drops])
+        ax.set_ylabel(label)
+    axes[1].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    models = len(result["models"])
+    fig.suptitle(f"Certified cuts by repair: {models} models, {cases} cases per bar (validation n=500, test n=500 "
+                 "digits each)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=[*GUARANTEE_MODELS, *DIGITS_MODELS],
@@ -245,6 +308,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: padded-a, 1 epoch, 1 split, 3 points, 200 calibration digits, 8 heal steps")
     parser.add_argument("--device", default="cpu", help="where models train, heal and are bridged (cpu, cuda)")
+    parser.add_argument("--figure", action="store_true", help="only draw the figure from the committed JSON")
     parser.add_argument("--work", type=Path, default=Path("/tmp/isiwatch-bench-bridge"))
     parser.add_argument("--results", type=Path, default=RESULTS)
     add_threads_argument(parser)
@@ -252,8 +316,11 @@ def main() -> None:
     if args.quick:
         args.models, args.epochs, args.resamples, args.max_drops = ["padded-a"], 1, 1, [3.0]
         args.images, args.heal_steps = 200, 8
+    if args.figure:
+        print(figure(json.loads((args.results / "bridge.json").read_text()), args.results / "bridge.png"))
+        return
     threads = set_torch_threads(args.threads)
-    record = machine(threads)
+    record = machine(threads, args.device)
     args.work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     models: dict = {}
@@ -266,6 +333,8 @@ def main() -> None:
                    {"summary": summary, "markdown": lines, "models": models, "rows": rows, "machine": record,
                     "complete": len(models) == len(args.models), "args": {k: str(v) for k, v in vars(args).items()}})
     print("\n".join(lines))
+    if not args.quick:
+        figure(json.loads((args.results / "bridge.json").read_text()), args.results / "bridge.png")
 
 
 if __name__ == "__main__":
