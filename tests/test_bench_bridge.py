@@ -25,3 +25,18 @@ def test_quick_mode_compares_the_four_arms_on_one_split(tmp_path):
     assert groups["drop+heal @ 3"]["repair_flops_per_case"] > 0
     assert all(r["within_max_drop"] == (r["test_drop_points"] <= 3 + 1e-9) for r in result["rows"])
     assert "Goals: coverage >= 95 % everywhere" in "\n".join(result["markdown"])
+
+
+def test_the_docs_state_the_committed_benchmark_s_figures():
+    """docs/explanations.md quotes the findings `bench_bridge.findings` renders from the committed JSON, and shows
+    the committed figure: a rerun that changes them fails here until the docs follow."""
+    sys.path.insert(0, str(BENCH.parent))
+    import bench_bridge
+
+    root = BENCH.parent.parent
+    result = json.loads((root / "benchmarks" / "results" / "bridge" / "bridge.json").read_text())
+    docs = (root / "docs" / "explanations.md").read_text()
+    quoted = docs.split("<!-- bench_bridge: findings -->\n")[1].split("\n<!-- /bench_bridge: findings -->")[0]
+    assert quoted == "\n".join(bench_bridge.findings(result["summary"]))
+    figure = (root / "docs" / "figures" / "bridge.png").read_bytes()
+    assert figure == (root / "benchmarks" / "results" / "bridge" / "bridge.png").read_bytes()

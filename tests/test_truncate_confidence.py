@@ -213,3 +213,13 @@ def test_an_uncut_result_is_one_row_and_a_speedup_within_noise_reads_so():
     _, rows = report_rows(report_of(12, 6, 61.3, 30.0, differs=True))
     assert rows[1][speedup] == "2.04x" and rows[1][header.index("FLOPs")] == "0.50x"
     assert differs([30, 31, 30.5, 29.8], [60, 61, 62, 59]) and not differs([30, 33, 31, 35], [32, 36, 30, 34])
+    assert [r[0] for r in rows] == ["uncut", "cut", "healed"]
+
+
+def test_a_bridged_winner_s_row_says_it_was_bridged():
+    """The candidate table's repair column said "bridge" while the before/after table called the same model "cut"."""
+    from isiwatch.truncation.truncate_report import report_rows
+
+    report = {**report_of(12, 6, 61.3, 30.0, differs=True),
+              "search": {"winner": {"repair": "bridge", "bridge": {"method": "lstsq", "runs": [{"after": 5}]}}}}
+    assert [r[0] for r in report_rows(report)[1]] == ["uncut", "bridged cut", "healed"]

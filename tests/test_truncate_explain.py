@@ -72,6 +72,8 @@ def test_a_cut_deeper_than_recommended_names_where_the_search_stopped():
                          "keeping 3 (as cut), had an upper bound of 8.54 points > 5")
     assert figures_line(r) is None  # no full heal: every figure is the winner's own row
     assert dropped_line(r).endswith("healing images)")  # no plateau to compare with
+    r["search"]["winner"]["bridge"] = {"method": "lstsq", "runs": [{"after": 3, "dropped": [4, 5]}]}
+    assert depth_story(r)[2].endswith("bridged, without healing")  # the repair it was certified with
 
 
 @pytest.mark.parametrize("dropped, agree", [([4, 5], "they agree"),

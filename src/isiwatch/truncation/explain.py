@@ -39,7 +39,8 @@ def _validated(search: dict[str, Any], record: dict[str, Any], kind: str) -> str
     """How the cut was certified: its validation drop (``record``'s, a ``kind`` of `judged`) against the rule."""
     steps = record.get("healing_steps", 0)
     whole = "" if steps < search.get("heal_steps", steps + 1) else ", as many as a full heal"
-    how = {"full heal": f"after its full heal ({steps} steps)", "as cut": "as cut, without healing",
+    as_cut = "bridged, without healing" if record.get("bridge") else "as cut, without healing"
+    how = {"full heal": f"after its full heal ({steps} steps)", "as cut": as_cut,
            "screening heal": f"after its screening heal ({steps} steps{whole})"}[kind]
     drop, confidence = record["validation_drop"], search.get("confidence") or 0
     bound = (f"at {100 * confidence:g} % confidence (upper bound {drop['upper_bound_points']:.2f})"

@@ -48,10 +48,17 @@ def latency_cell(cost: dict[str, Any]) -> str:
     return f"{median} ({quartiles[0]:.2f}-{quartiles[1]:.2f})" if quartiles else median
 
 
+def bridged(report: dict[str, Any]) -> bool:
+    """Whether the truncated model is a bridged cut (``auto``'s winner had the bridge as its repair)."""
+    winner = (report.get("search") or {}).get("winner") or {}
+    return bool(winner.get("bridge"))
+
+
 def report_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     """Before/after header and rows: blocks, parameters, FLOPs and their ratio (the primary costs), latency
     (median and interquartile range of interleaved repeats), the wall-time speed-up only when those ranges are
-    apart (else "within noise"), accuracy on its labelled split, agreement. An uncut result is one row."""
+    apart (else "within noise"), accuracy on its labelled split, agreement. An uncut result is one row; the cut
+    before healing is named by its repair ("cut", or "bridged cut")."""
     cost, acc, agree = report["cost"], report["accuracy"], report["agreement"]
     header = ["model", "blocks", "params", "MFLOPs/img", "FLOPs", f"latency ms/{report['latency_batch']} (IQR)",
               "wall speed-up", f"accuracy {accuracy_label(acc)}", "agreement"]
@@ -64,7 +71,8 @@ def report_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
                else "within noise")
     flops = f"{truncated['flops_per_image'] / uncut['flops_per_image']:.2f}x"
     for name in ("cut", "healed"):
-        rows.append([name, truncated["blocks"], truncated["parameters"], truncated["flops_per_image"] / 1e6, flops,
+        label = "bridged cut" if name == "cut" and bridged(report) else name
+        rows.append([label, truncated["blocks"], truncated["parameters"], truncated["flops_per_image"] / 1e6, flops,
                      latency_cell(truncated), speedup, acc[name], agree.get(name, 1.0)])
     return header, rows
 
