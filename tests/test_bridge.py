@@ -156,3 +156,15 @@ def test_the_cosine_fit_lowers_the_cosine_distance_the_least_squares_fit_leaves(
             cut(images), uncut(images)
         return float((1 - torch.cosine_similarity(*streams[0], *streams[1], dim=-1)).mean())
     assert distance("cosine") < distance("lstsq")
+
+
+def test_auto_refuses_a_family_the_bridge_cannot_merge_into_before_it_checks_labels_or_cuts():
+    """Parallel blocks (no mlp.fc2 ending the residual branch): the search used to fail on its first bridged cut,
+    after the labels check and the analysis; now in one line first, and ``bridge='none'`` goes on (here to the
+    labels check, which this untrained model fails)."""
+    model = make_timm("parallel_scaling")
+    with pytest.raises(ValueError, match=r"^cannot bridge a cut of ParallelScalingBlock: .* use bridge='none'$"):
+        truncate(model, None, epochs=0, budget=1, images=64)
+    with pytest.raises(ValueError) as refused:
+        truncate(model, None, epochs=0, budget=1, images=64, bridge="none")
+    assert "cannot bridge" not in str(refused.value)

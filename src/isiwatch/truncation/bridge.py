@@ -38,8 +38,8 @@ from .classifier_layout import block_list
 from .strategies import BRIDGE_METHODS, DEFAULT_BRIDGE
 from .uncut_stream import BATCH, UncutStream, batches, capture, resumed, until
 
-__all__ = ["BRIDGE_METHODS", "DEFAULT_BRIDGE", "RIDGE", "BridgeFit", "bridge_cut", "dropped_runs", "mlp_branch",
-           "resume_position"]
+__all__ = ["BRIDGE_METHODS", "DEFAULT_BRIDGE", "RIDGE", "BridgeFit", "bridge_cut", "check_bridgeable", "dropped_runs",
+           "mlp_branch", "resume_position"]
 
 #: Ridge of the least-squares fit, relative to the mean squared input (the pilot's 1e-3).
 RIDGE = 1e-3
@@ -206,6 +206,18 @@ def _check_additive(cut: nn.Module, position: int, images: Tensor) -> None:
         raise OptionError("cannot bridge a cut of {block}: it does not add its MLP output to the residual stream "
                           "as it is (a post-norm block), so the bridge does not merge; use {bridge:'none'}",
                           block=type(block).__name__)
+
+
+def check_bridgeable(model: nn.Module, images: Tensor) -> None:
+    """Refuse in one line, before a search cuts anything, a model whose blocks the bridge cannot merge into
+    (`mlp_branch`, `_check_additive` on its first block; ``images``: two model-ready images are enough)."""
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            _check_additive(model, 0, images)
+    finally:
+        model.train(was_training)
 
 
 def bridge_cut(uncut: nn.Module, cut: nn.Module, kept: list[int], images: Tensor,

@@ -41,6 +41,7 @@ from ..measure.boundary_distances import BoundaryDistances
 from ..measure.depth import DepthRecommendation, recommend_depth
 from ..measure.phases import Phases
 from ..taps import vit_parts
+from .bridge import check_bridgeable
 from .classifier_layout import block_list
 from .confidence import PARTS, PairedDrop, SearchGuarantee, above_chance
 from .cost import model_costs
@@ -401,6 +402,8 @@ def plan(request: TruncateRequest) -> TruncationPlan:
     uncut_test = None
     if r.strategy == "auto":
         line = _check_certifiable(r, search_guarantee(r, split, depth), len(split.val_y))
+        if r.bridge != "none":
+            check_bridgeable(uncut, first_images(split.probe_x, 2)[0].to(fabric.device))
         uncut_test = _check_labels(r, uncut, split)
         if r.echo is not None and fabric.is_global_zero:
             r.echo(line)
