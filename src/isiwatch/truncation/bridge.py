@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from .._utils.option_error import OptionError
+from ..taps.tap import preserved_state
 from .classifier_layout import block_list
 from .strategies import BRIDGE_METHODS, DEFAULT_BRIDGE
 from .uncut_stream import BATCH, UncutStream, batches, capture, resumed, until
@@ -211,13 +212,8 @@ def _check_additive(cut: nn.Module, position: int, images: Tensor) -> None:
 def check_bridgeable(model: nn.Module, images: Tensor) -> None:
     """Refuse in one line, before a search cuts anything, a model whose blocks the bridge cannot merge into
     (`mlp_branch`, `_check_additive` on its first block; ``images``: two model-ready images are enough)."""
-    was_training = model.training
-    try:
-        model.eval()
-        with torch.no_grad():
-            _check_additive(model, 0, images)
-    finally:
-        model.train(was_training)
+    with preserved_state(model), torch.no_grad():
+        _check_additive(model.eval(), 0, images)
 
 
 def bridge_cut(uncut: nn.Module, cut: nn.Module, kept: list[int], images: Tensor,
@@ -230,29 +226,22 @@ def bridge_cut(uncut: nn.Module, cut: nn.Module, kept: list[int], images: Tensor
         raise OptionError("unknown {bridge} fit {method!r}; choose " + ", ".join(BRIDGE_METHODS), method=method)
     if stream is not None and stream.images is not images:
         raise ValueError("the uncut stream was computed on other images")
+    stream = stream or UncutStream(uncut, images)  # computes nothing until a run is fitted
     start = time.perf_counter()
     runs = dropped_runs(kept, len(block_list(uncut)))
     bridged: list[dict[str, Any]] = []
     unbridged = [dropped for after, dropped in runs if after < 0 or method == "none"]
-    modes = [(m, m.training) for m in (*uncut.modules(), *cut.modules())]
-    rng = torch.get_rng_state()
-    try:
+    with preserved_state(uncut), preserved_state(cut), torch.no_grad():
         uncut.eval(), cut.eval()
-        with torch.no_grad():
-            for after, dropped in runs:
-                if after < 0 or method == "none":
-                    continue
-                position = kept.index(after)
-                _, scale = mlp_branch(block_list(cut)[position])
-                _check_additive(cut, position, images)
-                stream = stream or UncutStream(uncut, images)
-                pairs = _activations(stream, cut, kept, position, dropped[-1], scale)
-                a, c = (_fit_cosine(pairs, -(-len(images) // BATCH)) if method == "cosine" else _fit_lstsq(pairs))
-                merge(block_list(cut)[position], a, c)
-                bridged.append({"after": after, "dropped": dropped})
-    finally:
-        for module, training in modes:
-            module.train(training)
-        torch.set_rng_state(rng)
+        for after, dropped in runs:
+            if after < 0 or method == "none":
+                continue
+            position = kept.index(after)
+            _, scale = mlp_branch(block_list(cut)[position])
+            _check_additive(cut, position, images)
+            pairs = _activations(stream, cut, kept, position, dropped[-1], scale)
+            a, c = (_fit_cosine(pairs, -(-len(images) // BATCH)) if method == "cosine" else _fit_lstsq(pairs))
+            merge(block_list(cut)[position], a, c)
+            bridged.append({"after": after, "dropped": dropped})
     return BridgeFit(method, bridged, unbridged, len(images), time.perf_counter() - start)
 

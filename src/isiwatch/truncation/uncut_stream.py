@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..taps.tap import preserved_state
 from .classifier_layout import block_list, logits
 
 __all__ = ["BATCH", "STORE_BYTES", "UncutStream", "resumed"]
@@ -105,7 +106,6 @@ class UncutStream:
         """Whether uncut block ``index`` returns a tuple (known once the stream entering a later block is)."""
         return self._tuples[index]
 
-    @torch.no_grad()
     def _fill(self, index: int, predict: bool = False) -> None:
         """One pass of the uncut model storing the stream entering each block it runs: the first pass runs the
         whole model (every block's stream; with ``predict``, the predictions too), a later one stops at block
@@ -133,22 +133,19 @@ class UncutStream:
         handles = [hook for i, block in enumerate(blocks) for hook in (
             block.register_forward_pre_hook(entering_hook(i), with_kwargs=True),
             block.register_forward_hook(leaving_hook(i)))]
-        was_training = self.uncut.training
         device = next(self.uncut.parameters()).device
         predictions = []
         try:
-            self.uncut.eval()
-            for batch in batches(self.images):
-                if predict:
-                    predictions.append(logits(self.uncut(batch.to(device))).argmax(-1).cpu())
-                elif whole:
-                    self.uncut(batch.to(device))
-                else:
-                    until(self.uncut, batch.to(device))
+            with preserved_state(self.uncut), torch.no_grad():
+                self.uncut.eval()
+                for batch in batches(self.images):
+                    if predict:
+                        predictions.append(logits(self.uncut(batch.to(device))).argmax(-1).cpu())
+                    else:
+                        until(self.uncut, batch.to(device))  # the whole model when no hook stops it
         finally:
             for handle in handles:
                 handle.remove()
-            self.uncut.train(was_training)
         if predict:
             self._reference = torch.cat(predictions)
         self._stored.update(wanted)
@@ -168,7 +165,8 @@ class UncutStream:
         (its blocks before ``position`` must be the uncut model's first ones, unchanged)."""
         device = next(cut.parameters()).device
         out = []
-        with torch.no_grad():
+        with preserved_state(cut), torch.no_grad():
+            cut.eval()
             for batch, entry in zip(batches(self.images), self.entering(position), strict=True):
                 with resumed(cut, position, entry.to(device), self):
                     out.append(logits(cut(batch.to(device))).argmax(-1).cpu())
