@@ -126,16 +126,16 @@ def test_a_render_still_running_is_not_doubled(probe, tmp_path):
 
 
 @pytest.mark.parametrize("form", ["q_k", "q_k_masked", "logits"])
-def test_attention_stats_in_place_path_matches_the_softmax_reference(form):
-    """The entropy and [CLS] share, summed in place in the scores formed per chunk, equal the plain softmax
-    computation (several chunks, a −inf mask), and the model's own logits are left as they were."""
+def test_attention_stats_rebuilt_path_matches_the_softmax_reference(form, monkeypatch):
+    """The entropy and [CLS] share rebuilt from q/k or the model's logits, in several passes (a memory bound
+    smaller than the scores, a −inf mask), equal the plain softmax computation, and the model's own logits are left
+    as they were."""
     from isiwatch.measure.metrics import attention_stats
-    from isiwatch.taps import AttentionScores
-    from isiwatch.taps.attention import SCORE_CHUNK
+    from isiwatch.taps import AttentionScores, attention
 
     gen = torch.Generator().manual_seed(0)
     b, h, t, hd, p = 10, 2, 256, 16, 1
-    assert SCORE_CHUNK // (h * t * t) < b  # more than one chunk
+    monkeypatch.setattr(attention, "SCORE_BYTES", 3 * 4 * h * t * t)  # three images per pass: four passes
     q, k = torch.randn(b, h, t, hd, generator=gen), 3 * torch.randn(b, h, t, hd, generator=gen)
     scale = hd ** -0.5
     bias = None
@@ -168,10 +168,11 @@ class _CountAttention(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_the_probe_pass_attends_once_and_gives_the_fused_kernels_output(probe):
-    """On a plain attention call the recorder attends itself (the fused kernel never runs, so q·kᵀ is formed once,
-    not once for the output and again for the statistics), and the model's output is the fused forward's to
-    rounding."""
+def test_the_probe_pass_runs_the_models_own_attention_and_forms_no_score_matrix(probe):
+    """The model's attention call runs as it would without the Watch (its output is bit-identical), once per block,
+    and the statistics come from fused rows: no (B,H,T,T) tensor is allocated in the whole pass."""
+    from torch.profiler import ProfilerActivity, profile
+
     from isiwatch.taps import Tap
     from isiwatch.taps.registry import vit_parts
 
@@ -180,37 +181,37 @@ def test_the_probe_pass_attends_once_and_gives_the_fused_kernels_output(probe):
     with torch.no_grad():
         expected = model(images)
     blocks = []
-    with _CountAttention() as counter:
+    with _CountAttention() as counter, profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         output = Tap(vit_parts(model)).capture(model, images, lambda e, x: None, blocks.append)
-    assert counter.kernel_calls == 0
+    assert counter.kernel_calls == 2
     assert len(blocks) == 2 and all(b.attention.rows is not None for b in blocks)
-    assert torch.allclose(output, expected, rtol=1e-5, atol=1e-6)
+    assert torch.equal(output, expected)
+    heads, tokens = model.blocks[0].attn.num_heads, blocks[0].x.shape[1]
+    per_image = 4 * heads * tokens * tokens  # one image's (H,T,T) fp32 scores
+    allocated = {event.cpu_memory_usage for event in prof.events() if event.cpu_memory_usage > 0}
+    assert not allocated & {per_image * n for n in range(1, len(images) + 1)}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_recorders_own_attention_matches_the_kernel_and_the_softmax(dtype):
-    """Several chunks of images: the output equals ``scaled_dot_product_attention``'s in the input's dtype, and the row
-    statistics equal the softmax's entropy and weight on key 0."""
-    from isiwatch.taps.attention import SCORE_CHUNK, _attend
+def test_fused_rows_match_the_softmax(dtype):
+    """Entropy from the log-sum-exp and the keys' softmax mean, and the weight on key 0, equal the softmax's (the
+    statistics are computed in fp32 from q and k in the model's dtype), for sharp and flat attention."""
+    from isiwatch.taps.attention import fused_rows
 
     gen = torch.Generator().manual_seed(0)
-    b, h, t, hd = 10, 2, 256, 16
-    assert SCORE_CHUNK // (h * t * t) < b  # more than one chunk
-    q, k, v = (3 * torch.randn(b, h, t, hd, generator=gen)).to(dtype), *(torch.randn(2, b, h, t, hd, generator=gen)
-                                                                         .to(dtype))
-    out, record = _attend(q, k, v)
-    kernel = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
-    assert out.dtype == dtype
-    assert torch.allclose(out.float(), kernel.to(dtype).float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
-                          atol=1e-2 if dtype == torch.bfloat16 else 1e-5)
-    probs = (q.float() @ k.float().transpose(-2, -1) * hd ** -0.5).softmax(-1)
-    assert torch.allclose(record.rows.entropy, -(probs * probs.clamp_min(1e-30).log()).sum(-1), rtol=1e-5, atol=1e-5)
-    assert torch.allclose(record.rows.first, probs[..., 0], rtol=1e-5, atol=1e-7)
+    b, h, t, hd = 4, 2, 197, 16
+    for sharpness in (0.3, 3.0):
+        q = (sharpness * torch.randn(b, h, t, hd, generator=gen)).to(dtype)
+        k = torch.randn(b, h, t, hd, generator=gen).to(dtype)
+        rows = fused_rows(q.transpose(1, 2).contiguous().transpose(1, 2), k, hd ** -0.5)  # a strided q, as timm's
+        probs = (q.double() @ k.double().transpose(-2, -1) * hd ** -0.5).softmax(-1)
+        entropy = -(probs * probs.clamp_min(1e-300).log()).sum(-1)
+        assert torch.allclose(rows.entropy.double(), entropy, rtol=1e-4, atol=2e-5)
+        assert torch.allclose(rows.first.double(), probs[..., 0], rtol=1e-4, atol=1e-6)
 
 
 def test_a_masked_attention_still_runs_the_models_kernel():
-    """A call the recorder cannot answer as the kernel would (here a mask) goes to the kernel, and its scores are
-    rebuilt from q and k."""
+    """A call with a mask goes to the kernel, and its scores are rebuilt from q and k."""
     from isiwatch.taps.attention import AttentionRecorder
 
     q = k = v = torch.randn(2, 2, 5, 4)
@@ -224,35 +225,34 @@ def test_a_masked_attention_still_runs_the_models_kernel():
     assert recorder.records[0].q is not None and recorder.records[0].rows is None
 
 
-def test_block_metrics_never_allocate_a_whole_batch_copy_of_the_activations():
-    """The metrics read a block's (B,T,D) tensors chunk by chunk of images, so every temporary (centred tokens, the
-    elementwise products of the dot products) is chunk-sized and squared norms write none: no allocation comes near
-    one whole activation (such copies made ViT-S-sized metrics 3× slower), and the values equal the whole-batch
-    computation."""
+@pytest.mark.parametrize("passes", [1, 4])
+def test_block_metrics_hold_a_bounded_stack_and_equal_the_per_metric_formulas(passes, monkeypatch):
+    """A block is reduced in whole-batch passes whose stacked tokens stay within `TOKEN_BYTES` (set here to one
+    pass, or to a quarter of the batch per pass), and the curves equal the metrics written one by one."""
     from torch.profiler import ProfilerActivity, profile
 
-    from isiwatch.measure.metrics import TOKEN_CHUNK, block_metrics, cls_patch_cos, token_similarity
+    from isiwatch.measure import metrics
+    from isiwatch.measure.metrics import block_curves, cls_patch_cos, reduce_block, token_similarity
     from isiwatch.taps import AttentionScores, BlockTensors
     from isiwatch.taps.attention import AttentionRows
 
     gen = torch.Generator().manual_seed(0)
     b, t, d, h = 32, 197, 384, 2
-    assert TOKEN_CHUNK // (t * d) * 4 <= b  # at least four chunks
+    stacked = 5 * 4 * t * d * (b // passes)
+    monkeypatch.setattr(metrics, "TOKEN_BYTES", stacked)
     x, x_normed, branch, z = (torch.randn(b, t, d, generator=gen) for _ in range(4))
     rows = AttentionRows(torch.rand(b, h, t, generator=gen), torch.rand(b, h, t, generator=gen), t)
     bt = BlockTensors(0, x, x_normed, branch, z, AttentionScores(rows=rows), 1, True)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        metrics = block_metrics(bt)
-    largest = max(event.cpu_memory_usage for event in prof.events())
-    assert 0 < largest <= x.nbytes // 4
-    # squared norms are reductions, not dot products with an elementwise temporary: what remains is x·branch, x·z,
-    # the three [CLS] dot products and the centred tokens, six activations' worth in all (eleven when the five
-    # squared norms wrote temporaries too, which made ViT-S-sized metrics up to twice as slow)
-    written = sum(event.cpu_memory_usage for event in prof.events() if event.cpu_memory_usage > 0)
-    assert written <= 7 * x.nbytes
-    assert torch.allclose(metrics["token_similarity"], token_similarity(z, 1), atol=1e-6)
-    assert torch.allclose(metrics["norm_friction"], cls_patch_cos(x, 1) - cls_patch_cos(x_normed, 1), atol=1e-6)
-    y = x + branch
+        sums, patch_mean = reduce_block(bt)
+    assert max(event.cpu_memory_usage for event in prof.events()) <= stacked
+    curves = block_curves([sums])
     cos = torch.nn.functional.cosine_similarity
-    assert torch.allclose(metrics["attn_token_change"], 1 - cos(x, y, dim=-1).mean(-1), atol=1e-5)
-    assert torch.allclose(metrics["block_influence"], 1 - cos(x, z, dim=-1).mean(-1), atol=1e-5)
+    y = x + branch
+    assert torch.allclose(patch_mean, z[:, 1:].mean(1), atol=1e-6)
+    assert torch.allclose(curves["token_similarity"], token_similarity(z, 1).mean(), atol=1e-6)
+    assert torch.allclose(curves["norm_friction"], (cls_patch_cos(x, 1) - cls_patch_cos(x_normed, 1)).mean(),
+                          atol=1e-6)
+    assert torch.allclose(curves["cls_patch_cos"], cls_patch_cos(z, 1).mean(), atol=1e-6)
+    assert torch.allclose(curves["attn_token_change"], 1 - cos(x, y, dim=-1).mean(), atol=1e-5)
+    assert torch.allclose(curves["block_influence"], 1 - cos(x, z, dim=-1).mean(), atol=1e-5)

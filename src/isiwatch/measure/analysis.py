@@ -9,13 +9,16 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from .._utils.files import finite_or_none
 from ..taps import BlockTensors, Tap, ViTParts, unwrap_model, vit_parts
 from .metric_table import METRIC_TABLE
-from .metrics import BLOCK_METRICS, CLS_METRICS, block_metrics, isi, token_similarity
+from .metrics import BLOCK_METRICS, CLS_METRICS, BlockSums, block_curves, isi, reduce_block, token_similarity
 from .phases import Phases, detect_phases
-from .probes import probe_accuracy, split_images
+from .probe_batch import ProbeBatch, ProbeTargets
+from .probes import coded_probe_accuracy
+from .readback import read_back
 from .recon import DEFAULT_RECON_COMPONENTS, isi_recon
 
 #: Every per-layer metric name, in report order (the rows of `METRIC_TABLE`).
@@ -118,52 +121,41 @@ class Analysis:
 
 
 class _Collector:
-    """Receives the tap's per-block tensors for one chunk and reduces them at once."""
+    """Receives the tap's per-block tensors for each chunk, reduces them on the device while they are alive, and
+    turns everything into device tensors of results at the end (`results`): no host read on the way."""
 
-    def __init__(self, parts: ViTParts, n_images: int, isi_recon_components: int | None, seed: int,
-                 probe_features: bool = True):
+    def __init__(self, parts: ViTParts, batch: ProbeBatch, device: torch.device, recon_k: int | None,
+                 probe_features: bool):
         self.parts = parts
+        self.batch = batch
+        self.device = device
+        self.recon_k = recon_k
         self.probe_features = probe_features  # keep pooled features for the probes (only with labels)
-        self.n_images = n_images
-        self.recon_k = isi_recon_components
-        self.seed = seed
         depth = parts.depth
-        self.sums: dict[str, Tensor] = {}
-        self.reported: dict[str, Tensor] = {}  # blocks that report each metric (no [CLS] metrics before CaiT's [CLS])
-        self.stem_sums: dict[str, dict[str, float]] = {p: {} for p in STEM_POINTS}
-        self.recon = [0.0] * depth
-        self.stem_recon = {p: 0.0 for p in STEM_POINTS}
-        self.patch_feats: Tensor | None = None  # (L+2, n, D): pre_pe, embed, blocks
-        self.cls_feats: Tensor | None = None  # (L+1, n, D): embed, blocks
+        self.blocks: list[list[BlockSums]] = [[] for _ in range(depth)]
+        self.stem_similarity: dict[str, list[Tensor]] = {p: [] for p in STEM_POINTS}
+        self.recon: list[list[Tensor]] = [[] for _ in range(depth)]
+        self.stem_recon: dict[str, list[Tensor]] = {p: [] for p in STEM_POINTS}
+        self.patch_feats: list[list[Tensor]] = [[] for _ in range(depth + 2)]  # pre_pe, embed, blocks
+        self.cls_feats: list[list[Tensor]] = [[] for _ in range(depth + 1)]  # embed, blocks (none: no [CLS] yet)
         self.offset = 0
         self.chunk = 0
         self.embeddings: Tensor | None = None
-        self.chunk_split: tuple[Tensor, Tensor] | None = None
 
-    def start_chunk(self, offset: int, images: Tensor) -> None:
-        self.offset, self.chunk = offset, len(images)
-        if self.recon_k:
-            self.chunk_split = split_images(images, seed=self.seed)
+    def start_chunk(self, offset: int, size: int) -> None:
+        self.offset, self.chunk = offset, size
 
-    def _store(self, row: int, tokens: Tensor, prefix: int, has_cls: bool) -> None:
+    def _store(self, row: int, patch_mean: Tensor, tokens: Tensor, has_cls: bool) -> None:
         if not self.probe_features:
             return
-        if self.patch_feats is None:
-            d, depth = tokens.shape[-1], self.parts.depth
-            self.patch_feats = tokens.new_zeros(depth + 2, self.n_images, d)
-            if self.parts.has_cls:  # NaN rows where a block has no [CLS] yet (CaiT)
-                self.cls_feats = tokens.new_full((depth + 1, self.n_images, d), math.nan)
-        rows = slice(self.offset, self.offset + self.chunk)
-        self.patch_feats[row, rows] = tokens[:, prefix:].mean(1)
-        if self.cls_feats is not None and row >= 1 and has_cls:
-            self.cls_feats[row - 1, rows] = tokens[:, 0]
+        self.patch_feats[row].append(patch_mean)
+        if self.parts.has_cls and row >= 1 and has_cls:
+            self.cls_feats[row - 1].append(tokens[:, 0].clone())  # a copy: a view would keep the block's tokens
 
-    def _recon(self, tokens: Tensor) -> float:
-        # callers check: recon_k is set (so is chunk_split) and the stem delivered embeddings
-        assert self.recon_k is not None and self.chunk_split is not None and self.embeddings is not None
-        if not (torch.isfinite(tokens).all() and torch.isfinite(self.embeddings).all()):
-            return math.nan
-        train, test = self.chunk_split
+    def _recon(self, tokens: Tensor) -> Tensor:
+        # callers check: recon_k is set and the stem delivered embeddings
+        assert self.recon_k is not None and self.embeddings is not None
+        train, test = self.batch.chunk_split(self.offset, self.chunk, tokens.device)
         return isi_recon(tokens, self.embeddings, train, test, self.recon_k) * self.chunk
 
     def on_stem(self, e: Tensor | None, x0: Tensor) -> None:
@@ -172,23 +164,53 @@ class _Collector:
         x0_point = ("embed", x0, first.num_prefix_tokens, first.has_cls)
         points = [x0_point] if e is None else [("pre_pe", e, 0, False), x0_point]
         for name, tokens, prefix, has_cls in points:
-            self._store(STEM_POINTS.index(name), tokens, prefix, has_cls)
-            sums = self.stem_sums[name]
-            sums["token_similarity"] = sums.get("token_similarity", 0.0) + float(
-                token_similarity(tokens, prefix).sum())
+            self._store(STEM_POINTS.index(name), tokens[:, prefix:].mean(1), tokens, has_cls)
+            self.stem_similarity[name].append(token_similarity(tokens, prefix).sum())
             if self.recon_k and e is not None:
-                self.stem_recon[name] += self._recon(tokens[:, prefix:])
+                self.stem_recon[name].append(self._recon(tokens[:, prefix:]))
 
     def on_block(self, bt: BlockTensors) -> None:
-        for name, values in block_metrics(bt).items():
-            if name not in self.sums:
-                self.sums[name] = torch.zeros(self.parts.depth, dtype=torch.float64, device=values.device)
-                self.reported[name] = torch.zeros(self.parts.depth, dtype=torch.bool, device=values.device)
-            self.sums[name][bt.index] += values.sum().double()
-            self.reported[name][bt.index] = True
-        self._store(bt.index + 2, bt.z, bt.p, bt.has_cls)
-        if self.recon_k and self.embeddings is not None:
-            self.recon[bt.index] += self._recon(bt.z[:, bt.p:])
+        with record_function("isiwatch.metrics"):
+            sums, patch_mean = reduce_block(bt)
+            self.blocks[bt.index].append(sums)
+            self._store(bt.index + 2, patch_mean, bt.z, bt.has_cls)
+            if self.recon_k and self.embeddings is not None:
+                self.recon[bt.index].append(self._recon(bt.z[:, bt.p:]))
+
+    def results(self, n: int, targets: ProbeTargets | None) -> dict[str, Tensor]:
+        """Every number of the analysis as device tensors: ``layer/<metric>`` (L,), ``stem/<point>/<metric>`` (1,)
+        and, with ``targets``, the probe accuracies ``probes`` (K,)."""
+        with record_function("isiwatch.metrics"):
+            curves = block_curves([BlockSums.joined(chunks) for chunks in self.blocks])
+            out = {f"layer/{m}": curves[m] for m in BLOCK_METRICS if m in curves
+                   and (self.parts.has_cls or m not in CLS_METRICS)}
+            for point, sums in self.stem_similarity.items():
+                if sums:
+                    out[f"stem/{point}/token_similarity"] = torch.stack(sums).sum(0, keepdim=True) / n
+            if self.recon_k:
+                out["layer/isi_recon"] = torch.stack([torch.stack(r).sum() for r in self.recon]) / n
+                for point, sums in self.stem_recon.items():
+                    if sums:
+                        out[f"stem/{point}/isi_recon"] = torch.stack(sums).sum(0, keepdim=True) / n
+        if targets is not None:
+            with record_function("isiwatch.probes"):
+                out["probes"] = coded_probe_accuracy(self._features(), targets.codes, targets.onehot, targets.train,
+                                                     targets.test)
+        return out
+
+    def _features(self) -> Tensor:
+        """(K,n,D): mean patch tokens at every point (pre_pe, embed, blocks), then [CLS] tokens (embed, blocks);
+        rows without a feature (no patch embedding; no [CLS] yet in CaiT) hold NaN, so their probes read NaN."""
+        template = next(_joined(c) for c in self.patch_feats if c)
+        rows = [_joined(c) if c else torch.full_like(template, torch.nan) for c in self.patch_feats]
+        if self.parts.has_cls:
+            rows += [_joined(c) if c else torch.full_like(template, torch.nan) for c in self.cls_feats]
+        return torch.stack(rows)
+
+
+def _joined(chunks: list[Tensor]) -> Tensor:
+    """The chunks' tensors one after another (no copy for one chunk)."""
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
 
 @torch.no_grad()
@@ -233,46 +255,63 @@ def analyze(
         raise ValueError(f"images must be a non-empty (B,C,H,W) tensor, got shape {tuple(images.shape)}")
     if labels is not None and len(labels) != len(images):
         raise ValueError(f"{len(labels)} labels for {len(images)} images")
+    batch = ProbeBatch(images, labels, probe_train_fraction, seed)
+    options = {"batch_size": batch_size, "isi_recon": with_isi_recon, "recon_components": recon_components,
+               "probe_train_fraction": probe_train_fraction, "seed": seed}
+    analysis, _ = analyze_batch(model, batch, options, phase_metric=phase_metric, phase_options=phase_options,
+                                parts=parts)
+    return analysis
+
+
+@torch.no_grad()
+def analyze_batch(model: nn.Module, batch: ProbeBatch, options: Mapping[str, Any], *, probes: bool = True,
+                  phase_metric: str = DEFAULT_PHASE_METRIC, phase_options: Mapping[str, Any] | None = None,
+                  parts: ViTParts | None = None, extra: Mapping[str, Tensor] | None = None
+                  ) -> tuple[Analysis, dict[str, list[float]]]:
+    """[`analyze`][isiwatch.analyze] on a `ProbeBatch` whose split, label codes and device copies are kept between
+    calls (the Watch's path); ``options`` are analyze's (``batch_size``, ``isi_recon``, ``recon_components``,
+    ``probe_train_fraction``, ``seed``), ``probes`` False skips the linear probes. Every number, and the tensors of
+    ``extra`` (the Watch's loss), is read on the host once (`read_back`); returns the analysis and ``extra`` read."""
     model = unwrap_model(model)
     parts = parts or vit_parts(model)
+    with_isi_recon = bool(options["isi_recon"])
     if parts.patch_embed is None and with_isi_recon:
         raise ValueError("isi_recon needs the patch embeddings, but this model exposes no patch embedding")
     param = next(model.parameters())
-    n = len(images)
-    collector = _Collector(parts, n, recon_components if with_isi_recon else None, seed, labels is not None)
+    n, batch_size = len(batch), int(options["batch_size"])
+    labelled = probes and batch.labels is not None
+    collector = _Collector(parts, batch, param.device, int(options["recon_components"]) if with_isi_recon else None,
+                           labelled)
     tap = Tap(parts)
+    images = batch.images_on(param.device, param.dtype)
     for offset in range(0, n, batch_size):
-        chunk = images[offset:offset + batch_size].to(param.device, param.dtype)
-        collector.start_chunk(offset, chunk)
-        tap.capture(model, chunk, collector.on_stem, collector.on_block)
+        chunk = images[offset:offset + batch_size]
+        collector.start_chunk(offset, len(chunk))
+        with record_function("isiwatch.forward"):
+            tap.capture(model, chunk, collector.on_stem, collector.on_block)
+    values = collector.results(n, batch.targets_on(param.device) if labelled else None)
+    read = read_back({**values, **{f"extra/{k}": v for k, v in (extra or {}).items()}})
 
-    means = {m: torch.where(collector.reported[m], s / n, math.nan).tolist() for m, s in collector.sums.items()}
+    means = {key.removeprefix("layer/"): v for key, v in read.items() if key.startswith("layer/")}
     means["isi"] = [isi(d, h) for d, h in zip(means["attn_token_change"], means["attn_entropy"])]
-    layers = {m: means[m] for m in BLOCK_METRICS if m in means}
-    stem = {p: {m: v / n for m, v in sums.items()} for p, sums in collector.stem_sums.items() if sums}
-    if with_isi_recon:
-        layers["isi_recon"] = [v / n for v in collector.recon]
-        for p in stem:
-            stem[p]["isi_recon"] = collector.stem_recon[p] / n
-    if labels is not None:
-        _add_probes(collector, split_images(images, probe_train_fraction, seed), labels, layers, stem)
-
+    layers = {m: means[m] for m in (*BLOCK_METRICS, "isi_recon") if m in means}
+    stem: dict[str, dict[str, float]] = {}
+    for key, v in read.items():
+        if key.startswith("stem/"):
+            _, point, metric = key.split("/")
+            stem.setdefault(point, {})[metric] = v[0]
+    if labelled:
+        _add_probes(read["probes"], parts, layers, stem)
     info = {"family": parts.family, "depth": parts.depth, "num_prefix_tokens": parts.num_prefix_tokens,
             "has_cls": parts.has_cls, "images": n}
-    options = {"batch_size": batch_size, "isi_recon": with_isi_recon, "recon_components": recon_components,
-               "probe_train_fraction": probe_train_fraction, "seed": seed}
-    result = Analysis(layers, stem, info, phase_metric, None, options)
+    result = Analysis(layers, stem, info, phase_metric, None, dict(options))
     result.phases = result.detect_phases(**dict(phase_options or {}))
-    return result
+    return result, {k.removeprefix("extra/"): v for k, v in read.items() if k.startswith("extra/")}
 
 
-def _add_probes(collector: _Collector, split: tuple[Tensor, Tensor], labels: Tensor,
-                layers: dict[str, list[float]], stem: dict[str, dict[str, float]]) -> None:
-    train, test = split
-    assert collector.patch_feats is not None  # kept with labels, from the first block on
-    feats = [collector.patch_feats] + ([collector.cls_feats] if collector.cls_feats is not None else [])
-    acc = probe_accuracy(torch.cat(feats), labels, train, test).tolist()
-    depth = collector.parts.depth
+def _add_probes(acc: list[float], parts: ViTParts, layers: dict[str, list[float]],
+                stem: dict[str, dict[str, float]]) -> None:
+    depth = parts.depth
     patch, cls = acc[:depth + 2], acc[depth + 2:]
     layers["probe_patch_mean"] = patch[2:]
     for i, point in enumerate(STEM_POINTS):

@@ -1,13 +1,17 @@
 """Per-layer metrics of a ViT block (token change, attention entropy, ISI, token similarity, block influence,
 [CLS] share and alignment, norm friction), computed from the block's tensors.
 
-Every function returns one value per image (shape (B,)), so that a caller can average over several
-probe chunks; all inputs are fp32. ``p`` is the number of prefix tokens ([CLS] first).
+A block is reduced while its tensors are alive (`reduce_block`: a few whole-batch matmuls into a per-token
+table of dot products, `BlockSums`); the formulas run once for all blocks at the end of the pass (`block_curves`),
+so the number of ops of a sample grows neither with the images nor with the depth's formulas. Every curve holds one
+value per image before averaging; all inputs are fp32. ``p`` is the number of prefix tokens ([CLS] first).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -30,17 +34,8 @@ def isi(token_change: float, entropy: float) -> float:
 EPS = 1e-12
 
 
-def _dot(a: Tensor, b: Tensor) -> Tensor:
-    """Dot products along the last dimension, broadcasting the others. ``linalg.vecdot`` forms the elementwise product
-    first, so callers pass one chunk of images (`TOKEN_CHUNK`): on chunks it is 2.5–3.5× faster than an
-    einsum (a batched matmul of 1×D rows), on a whole ViT-S-sized batch (256×197×384) the temporary costs 4×."""
-    dots: Tensor = torch.linalg.vecdot(a, b)
-    return dots
-
-
 def _squared_norm(t: Tensor) -> Tensor:
-    """‖t‖² along the last dimension: one reduction that writes no elementwise temporary (``_dot(t, t)`` writes
-    one), a third faster on a chunk."""
+    """‖t‖² along the last dimension: one reduction that writes no elementwise temporary."""
     squared: Tensor = torch.linalg.vector_norm(t, dim=-1).square()
     return squared
 
@@ -91,15 +86,11 @@ def token_similarity(z: Tensor, p: int, center: Tensor | None = None) -> Tensor:
     return pair_sum / (n * (n - 1))
 
 
-def _cls_patch_cos(t: Tensor, squared: Tensor, p: int) -> Tensor:
-    """Mean cos([CLS], patch_i) from the tokens and their squared norms."""
-    dots = _dot(t[:, p:], t[:, :1])  # [CLS] broadcast over the patches
-    return (dots / _norm(squared[:, p:])).mean(-1) / _norm(squared[:, 0])
-
-
 def cls_patch_cos(z: Tensor, p: int) -> Tensor:
     """Mean cos([CLS], patch_i)."""
-    return _cls_patch_cos(z, _squared_norm(z), p)
+    squared = _squared_norm(z)
+    dots: Tensor = torch.linalg.vecdot(z[:, p:], z[:, :1])  # [CLS] broadcast over the patches
+    return (dots / _norm(squared[:, p:])).mean(-1) / _norm(squared[:, 0])
 
 
 def norm_friction(x: Tensor, x_normed: Tensor, p: int) -> Tensor:
@@ -107,48 +98,125 @@ def norm_friction(x: Tensor, x_normed: Tensor, p: int) -> Tensor:
     return cls_patch_cos(x, p) - cls_patch_cos(x_normed, p)
 
 
-#: Elements of one (b,T,D) activation handled per chunk of images by `block_metrics`, so that its passes over
-#: a block's tensors stay in cache: on ViT-S-sized activations (256×197×384) passes over the whole batch cost about
-#: twice as much.
-TOKEN_CHUNK = 1 << 19
+#: Bytes the stacked token tensors of one block (five (b,T,D) fp32 copies) may take at once: the images per pass of
+#: `reduce_block` follow from it, so the number of passes is set by memory (one for most probe batches).
+TOKEN_BYTES = 1 << 29
+
+#: The tensors `reduce_block` stacks per token, in this order: X, norm1(X), Z, the branch, Z − centre.
+_KINDS = 5
+#: Columns of the per-token table, picked from the 5×5 token Gram (``5i + j``) and the 5×5 products with the
+#: image's [CLS] kinds (``25 + 5i + j``): ‖X‖², ‖norm1 X‖², ‖Z‖²; X·X_cls, norm1(X)·norm1(X)_cls, Z·Z_cls;
+#: ‖branch‖², ‖Z − centre‖², X·branch, X·Z.
+TABLE_COLUMNS = (0, 6, 12, 25, 31, 37, 18, 24, 3, 2)
 
 
-def _token_metrics(x: Tensor, x_normed: Tensor, branch: Tensor, z: Tensor, p: int, has_cls: bool,
-                   center: Tensor) -> dict[str, Tensor]:
-    """The metrics of `block_metrics` that read the tokens, for one chunk of images."""
-    xx, zz, xb = _squared_norm(x), _squared_norm(z), _dot(x, branch)
-    nx = _norm(xx)
-    ny = _norm((xx + 2 * xb + _squared_norm(branch)).clamp_min(0))
-    out = {"attn_token_change": 1.0 - ((xx + xb) / (nx * ny)).mean(-1),
-           "token_similarity": token_similarity(z, p, center),
-           "block_influence": 1.0 - (_dot(x, z) / (nx * _norm(zz))).mean(-1)}
-    if has_cls:
-        out["cls_patch_cos"] = _cls_patch_cos(z, zz, p)
-        out["norm_friction"] = _cls_patch_cos(x, xx, p) - cls_patch_cos(x_normed, p)
-    return out
+@dataclass
+class BlockSums:
+    """One block reduced to what its metrics need, on the model's device.
+
+    ``tokens``: (B,T,10) per-token dot products (`TABLE_COLUMNS`); ``similarity``: (B,) ‖Σᵢ uᵢ‖² of the
+    normalised centred patch tokens; ``entropy``/``share``: (B,) from the attention (`attention_stats`);
+    ``p``/``has_cls``: the block's prefix tokens and whether the first is a [CLS].
+    """
+
+    tokens: Tensor
+    similarity: Tensor
+    entropy: Tensor
+    share: Tensor | None
+    p: int
+    has_cls: bool
+
+    @classmethod
+    def joined(cls, chunks: list[BlockSums]) -> BlockSums:
+        """The sums of several probe chunks of the same block, images concatenated."""
+        if len(chunks) == 1:
+            return chunks[0]
+        first = chunks[0]
+        share = None if first.share is None else torch.cat([c.share for c in chunks if c.share is not None])
+        return cls(torch.cat([c.tokens for c in chunks]), torch.cat([c.similarity for c in chunks]),
+                   torch.cat([c.entropy for c in chunks]), share, first.p, first.has_cls)
 
 
-def block_metrics(bt: BlockTensors) -> dict[str, Tensor]:
-    """Per-image metrics of one block (``isi`` is formed from their batch means); the [CLS] metrics only when
-    the block's sequence has a [CLS].
+@functools.lru_cache(maxsize=8)
+def _table_columns(device: torch.device) -> Tensor:
+    """`TABLE_COLUMNS` on ``device``, made once: a host-to-device copy per block would be a transfer per block."""
+    return torch.tensor(TABLE_COLUMNS, device=device)
 
-    ``block_influence`` is ShortGPT's block influence, 1 − cos(X, Z) between the block's input and output
-    averaged over tokens: 0 for a block that changes nothing. Cosines come from per-token dot products and
-    squared norms (Y = X + branch is never formed), so each tensor is read a few times and no normalised copy
-    is written, chunk by chunk of images (`TOKEN_CHUNK`).
+
+def _token_table(x: Tensor, x_normed: Tensor, z: Tensor, branch: Tensor, v: Tensor, columns: Tensor) -> Tensor:
+    """The (b,T,10) per-token table of a pass: the five kinds side by side, one batched Gram per token and one
+    product of every token with its image's first token."""
+    b, t, d = x.shape
+    stacked = torch.cat([x, x_normed, z, branch, v], -1)
+    per_token = stacked.view(b * t, _KINDS, d)
+    gram = torch.bmm(per_token, per_token.transpose(1, 2))
+    per_image = stacked.view(b, t * _KINDS, d)
+    with_first = torch.bmm(per_image, per_image[:, :_KINDS].transpose(1, 2))
+    return torch.cat([gram.view(b, t, _KINDS ** 2), with_first.view(b, t, _KINDS ** 2)], -1).index_select(-1, columns)
+
+
+def reduce_block(bt: BlockTensors) -> tuple[BlockSums, Tensor]:
+    """A block's `BlockSums` and its mean patch token per image (B,D), the probes' feature.
+
+    The centred tokens v = Z − centre (centre: the mean patch token of the batch) are formed, never expanded as
+    ‖Z‖² − 2 Z·centre + ‖centre‖², which loses all precision when tokens collapse onto the centre, the case
+    ``token_similarity`` exists to see.
     """
     p, z = bt.p, bt.z
-    center = patch_center(z, p)
-    step = max(1, TOKEN_CHUNK // z[0].numel())
-    chunks = [_token_metrics(bt.x[i:i + step], bt.x_normed[i:i + step], bt.branch[i:i + step], z[i:i + step], p,
-                             bt.has_cls, center) for i in range(0, len(z), step)]
-    tokens = {name: torch.cat([chunk[name] for chunk in chunks]) for name in chunks[0]}
+    patch_mean = z[:, p:].mean(1)
+    v = z - patch_mean.mean(0)
+    b, t, d = z.shape
+    step = max(1, TOKEN_BYTES // (4 * _KINDS * t * d))
+    columns = _table_columns(z.device)
+    if step >= b:
+        tokens = _token_table(bt.x, bt.x_normed, z, bt.branch, v, columns)
+    else:
+        tokens = torch.cat([_token_table(bt.x[i:i + step], bt.x_normed[i:i + step], z[i:i + step],
+                                         bt.branch[i:i + step], v[i:i + step], columns) for i in range(0, b, step)])
+    weights = tokens[:, p:, 7].clamp_min(EPS * EPS).rsqrt()  # 1 / max(‖v‖, EPS), as F.normalize divides
+    total = torch.bmm(weights.unsqueeze(1), v[:, p:])  # Σ uᵢ, (B,1,D)
     entropy, share = attention_stats(bt.attention, p, bt.has_cls)
-    out = {"attn_token_change": tokens["attn_token_change"], "attn_entropy": entropy,
-           "token_similarity": tokens["token_similarity"], "block_influence": tokens["block_influence"]}
-    if bt.has_cls:
-        assert share is not None  # attention_stats returns a share whenever has_cls
-        out["cls_attention_share"] = share
-        out["cls_patch_cos"] = tokens["cls_patch_cos"]
-        out["norm_friction"] = tokens["norm_friction"]
-    return out
+    return BlockSums(tokens, torch.linalg.vecdot(total, total).squeeze(1), entropy, share, p, bt.has_cls), patch_mean
+
+
+def block_curves(blocks: list[BlockSums]) -> dict[str, Tensor]:
+    """Per-block means over the images of every block metric (``isi`` is formed from them), (L,) each; the
+    [CLS] metrics are NaN on blocks without a [CLS]. Blocks of one shape are computed together (one group for
+    most families; CaiT's class-attention blocks are a second)."""
+    groups: list[list[BlockSums]] = []
+    for block in blocks:
+        last = groups[-1][0] if groups else None
+        if last and (last.tokens.shape, last.p, last.has_cls) == (block.tokens.shape, block.p, block.has_cls):
+            groups[-1].append(block)
+        else:
+            groups.append([block])
+    parts = [_group_curves(group) for group in groups]
+    return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+
+
+def _group_curves(group: list[BlockSums]) -> dict[str, Tensor]:
+    """`block_curves` of blocks whose tables have one shape, prefix and [CLS]: (L,B) formulas, then image means."""
+    first = group[0]
+    p = first.p
+    tokens = torch.stack([b.tokens for b in group])  # (L,B,T,10)
+    norms = tokens[..., :3].sqrt().clamp_min(EPS)  # ‖X‖, ‖norm1 X‖, ‖Z‖ (max with EPS, as F.normalize)
+    xx, bb, vv, xb, xz = tokens.unbind(-1)[0], *tokens[..., 6:].unbind(-1)
+    nx, nz = norms[..., 0], norms[..., 2]
+    ny = (xx + 2 * xb + bb).clamp_min(0).sqrt().clamp_min(EPS)  # ‖X + branch‖: Y is never formed
+    n = tokens.shape[2] - p
+    patches = vv[..., p:]
+    similarity = torch.stack([b.similarity for b in group]) - (patches / patches.clamp_min(EPS * EPS)).sum(-1)
+    out = {"attn_token_change": 1.0 - ((xx + xb) / (nx * ny)).mean(-1),
+           "attn_entropy": torch.stack([b.entropy for b in group]),
+           "token_similarity": similarity / (n * (n - 1)),
+           "block_influence": 1.0 - (xz / (nx * nz)).mean(-1)}
+    if first.has_cls:
+        cos = (tokens[..., p:, 3:6] / norms[..., p:, :]).mean(-2) / norms[..., 0, :]  # X, norm1 X, Z: (L,B,3)
+        out["cls_attention_share"] = torch.stack([b.share for b in group if b.share is not None])
+        out["cls_patch_cos"] = cos[..., 2]
+        out["norm_friction"] = cos[..., 0] - cos[..., 1]
+    means = {name: values.mean(-1) for name, values in out.items()}
+    if not first.has_cls:
+        nan = torch.full((len(group),), math.nan, device=tokens.device)
+        means.update({name: nan for name in ("cls_attention_share", "cls_patch_cos", "norm_friction")})
+    return means

@@ -45,6 +45,13 @@ def split_images(images: Tensor, train_fraction: float = 0.7, seed: int = 0) -> 
     return ranked[train.sort().values], ranked[test.sort().values]
 
 
+def label_codes(labels: Tensor) -> tuple[Tensor, int]:
+    """Class codes 0..C−1 of ``labels`` (B,) and C, read on the host once: callers that probe the same labels again
+    (`isiwatch.measure.probe_batch.ProbeBatch`) keep them, so no probe reads the device."""
+    _, codes = torch.unique(labels.cpu(), return_inverse=True)
+    return codes, int(codes.max()) + 1
+
+
 def probe_accuracy(
     features: Tensor,
     labels: Tensor,
@@ -58,22 +65,25 @@ def probe_accuracy(
 
     One batched ridge solve on one-hot labels (regulariser chosen per feature set by leave-one-out accuracy on
     the training split) starts ``softmax_steps`` batched steps on the softmax loss (`isiwatch.measure.softmax`;
-    0 keeps the ridge classifiers).
+    0 keeps the ridge classifiers). A feature set with a non-finite value reads NaN; the others are unaffected.
     """
+    codes, classes = label_codes(labels)
+    codes = codes.to(features.device)
+    return coded_probe_accuracy(features, codes, F.one_hot(codes, classes).float(), train_idx.to(features.device),
+                                test_idx.to(features.device), alphas, softmax_steps)
+
+
+def coded_probe_accuracy(features: Tensor, codes: Tensor, onehot: Tensor, train_idx: Tensor, test_idx: Tensor,
+                         alphas: Sequence[float] = DEFAULT_ALPHAS, softmax_steps: int = SOFTMAX_STEPS) -> Tensor:
+    """`probe_accuracy` on label ``codes`` (n,) and their ``onehot`` (n,C), everything on the features' device:
+    no value is read on the host. Non-finite feature sets are fitted as zeros and read NaN."""
     features = features.float()
     lowest, highest = torch.aminmax(features.flatten(1), dim=1)  # one pass, no copy; NaN and ±inf propagate
     finite = torch.isfinite(lowest) & torch.isfinite(highest)
-    if not bool(finite.all()):  # non-finite activations: those probes are NaN, the rest still run
-        out = torch.full((len(features),), torch.nan, device=features.device)
-        if bool(finite.any()):
-            out[finite] = probe_accuracy(features[finite], labels, train_idx, test_idx, alphas, softmax_steps)
-        return out
-    _, codes = torch.unique(labels.cpu(), return_inverse=True)
-    codes = codes.to(features.device)
-    onehot = F.one_hot(codes, int(codes.max()) + 1).float()
-    train_idx, test_idx = train_idx.to(features.device), test_idx.to(features.device)
+    features = torch.where(finite.view(-1, 1, 1), features, 0.0)
     y_train = codes[train_idx]
     fit = fit_ridge(features[:, train_idx], onehot[train_idx], lambda pred: accuracy_score(pred, y_train), alphas)
     if softmax_steps:
         fit = fit_softmax(fit, onehot[train_idx], softmax_steps)
-    return accuracy_score(fit.predict(features[:, test_idx]), codes[test_idx])
+    accuracy = accuracy_score(fit.predict(features[:, test_idx]), codes[test_idx])
+    return torch.where(finite, accuracy, torch.nan)

@@ -25,16 +25,19 @@ from .ridge import fit_ridge, neg_mse_score
 DEFAULT_RECON_COMPONENTS = 8
 
 
-def _held_out_r2(pred: Tensor, target: Tensor, train_mean: Tensor) -> float:
-    return float(1.0 - (target - pred).pow(2).sum() / (target - train_mean).pow(2).sum().clamp_min(1e-12))
+def _held_out_r2(pred: Tensor, target: Tensor, train_mean: Tensor) -> Tensor:
+    return 1.0 - (target - pred).pow(2).sum() / (target - train_mean).pow(2).sum().clamp_min(1e-12)
 
 
 def isi_recon(
     tokens: Tensor, targets: Tensor, train_idx: Tensor, test_idx: Tensor, k: int = DEFAULT_RECON_COMPONENTS
-) -> float:
-    """R²_all − R²_self for recovering ``targets`` (B,N,De) from ``tokens`` (B,N,D); see the module doc."""
+) -> Tensor:
+    """R²_all − R²_self (a 0-d tensor on the tokens' device) for recovering ``targets`` (B,N,De) from ``tokens``
+    (B,N,D); see the module doc. NaN when either holds a non-finite value (they are fitted as zeros)."""
     train_idx, test_idx = train_idx.to(tokens.device), test_idx.to(tokens.device)
     tokens, targets = tokens.float(), targets.float()
+    finite = torch.isfinite(tokens).all() & torch.isfinite(targets).all()
+    tokens, targets = torch.where(finite, tokens, 0.0), torch.where(finite, targets, 0.0)
     b, n, d = tokens.shape
     train_mean = targets[train_idx].mean(0, keepdim=True)
 
@@ -54,5 +57,5 @@ def isi_recon(
     fit = fit_ridge(flat[:, train_idx], y_train, lambda p: neg_mse_score(p, y_train))
     r2_all = _held_out_r2(fit.predict(flat[:, test_idx]).reshape(-1, n, targets.shape[-1]),
                           targets[test_idx], train_mean)
-    return r2_all - r2_self
+    return torch.where(finite, r2_all - r2_self, torch.nan)
 

@@ -4,14 +4,14 @@ Families compute q and k differently (rotary embeddings applied inside EVA's for
 biases in BEiT and the relpos ViTs, grouped k/v heads, talking heads in CaiT), so the tap does not rebuild
 q/k from module outputs. Instead `AttentionRecorder`, a ``TorchFunctionMode`` switched on only
 inside a block's attention modules, takes the arguments of ``F.scaled_dot_product_attention`` (q, k, v, mask,
-scale) or, on unfused paths, the input of the softmax over keys. A plain call (no mask, not causal, no dropout,
-as many k/v heads as q heads: most families' eval pass; a relative position bias arrives as a mask) is answered
-by the recorder itself: it forms the scores once, chunk by chunk, and the same
-exponentials give both the output (equal to the fused kernel's to rounding) and the per-row entropy and [CLS]
-weight, so the probe pass pays for attention once, not twice. Other calls run the model's own kernel and keep an
-fp32 copy of q and k, from which the scores are rebuilt chunk by chunk. Either way the (B,H,Tq,Tk) scores are never
-held for the whole batch at once, and the mode costs one Python dispatch per torch call inside the attention
-modules during the probe pass (none elsewhere, none outside it).
+scale) or, on unfused paths, the input of the softmax over keys. The model's own call always runs unchanged, so
+its output is what it is without the Watch.
+
+A call without a mask, causality or dropout (most families' eval pass) gets its statistics from one more fused
+attention call on the same device, with the keys as values and the log-sum-exp returned: with s = scale·q·kᵀ and
+P = softmax(s), each row's entropy is ``lse − scale·⟨q, P·K⟩`` and its weight on key 0 is ``exp(s₀ − lse)``, so no
+(B,H,Tq,Tk) matrix is formed. Other calls keep an fp32 copy of q and k (or the model's own logits), from which the
+scores are rebuilt in as few passes as `SCORE_BYTES` allows.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from torch.overrides import TorchFunctionMode
 
 _SOFTMAX = (F.softmax, torch.softmax, Tensor.softmax)
 
-#: Attention scores handled per chunk of images (elements), so the softmax passes stay in cache.
-SCORE_CHUNK = 1 << 19
+#: Bytes of fp32 attention scores one rebuilt pass may hold: the images per pass follow from it, so the number of
+#: passes is set by memory, not by the number of images (one pass for most probe batches).
+SCORE_BYTES = 1 << 29
 
 
 @dataclass
@@ -42,39 +43,58 @@ class AttentionRows:
     keys: int
 
 
-def _softmax_rows(s: Tensor, formed: bool, masked: bool, values: Tensor | None = None,
-                  out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def _softmax_rows(s: Tensor, formed: bool, masked: bool) -> tuple[Tensor, Tensor]:
     """(entropy, first) of scores ``s`` (b,H,Tq,Tk) fp32; ``formed``: ``s`` was formed for this call and may be
-    overwritten; ``values`` (b,H,Tk,hd): also write softmax(s) @ values into ``out`` (b,H,Tq,hd) fp32.
+    overwritten.
 
     With m the row maximum and e = exp(s − m), the softmax row is e / Σe and its entropy is
-    ``ln Σe − Σ e·(s − m) / Σe``: one exponential per score, and no copy of the scores beyond e; the output is
-    (e @ v) / Σe, so the probabilities are never formed.
+    ``ln Σe − Σ e·(s − m) / Σe``: one exponential per score, and no copy of the scores beyond e.
     """
     peak = s.amax(-1, keepdim=True)
     shifted = s.sub_(peak) if formed else s - peak
     e = shifted.exp()
     total = e.sum(-1)
     first = e[..., 0] / total
-    if values is not None:
-        torch.matmul(e, values, out=out).div_(total.unsqueeze(-1))
     if masked:
         shifted.clamp_min_(torch.finfo(s.dtype).min)  # 0 · (−inf) would be NaN; 0 · min is 0
-    # Σ e·(s − m), summed in place in e (read above): a third fewer passes over the scores
     entropy = total.log() - e.mul_(shifted).sum(-1) / total
     return entropy, first
 
 
-def _chunk(shape: tuple[int, int, int, int]) -> int:
-    """Images per chunk of scores of ``shape`` (B,H,Tq,Tk)."""
+def _images_per_pass(shape: tuple[int, int, int, int]) -> int:
+    """Images per rebuilt pass over scores of ``shape`` (B,H,Tq,Tk): as many as `SCORE_BYTES` holds."""
     _, h, tq, tk = shape
-    return max(1, SCORE_CHUNK // (h * tq * tk))
+    return max(1, SCORE_BYTES // (4 * h * tq * tk))
+
+
+def _keys_as_values(q: Tensor, k: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """(softmax(s)·k (B,H,Tq,hd), log-sum-exp of each row of s (B,H,Tq)) for s = scale·q·kᵀ, from the device's
+    fused attention kernel (the math where the device has none that returns the log-sum-exp)."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, k, 0.0, False, scale=scale)[:2]
+        return out, lse
+    if q.device.type == "cuda":  # the memory-efficient kernel pads the log-sum-exp to a multiple of 32 rows
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, k, None, True, 0.0, False,
+                                                                          scale=scale)[:2]
+        return out, lse[..., :q.shape[-2]]
+    s = torch.matmul(q, k.transpose(-2, -1)).mul_(scale)
+    return torch.matmul(s.softmax(-1), k), s.logsumexp(-1)
+
+
+def fused_rows(q: Tensor, k: Tensor, scale: float) -> AttentionRows:
+    """`AttentionRows` of an unmasked attention from one fused call with the keys as values (module docstring):
+    a number of ops that does not depend on the images, heads or tokens."""
+    q, k = q.float(), k.float()
+    mean_key, lse = _keys_as_values(q, k, scale)
+    entropy = lse - scale * torch.linalg.vecdot(q, mean_key)
+    first = torch.exp(scale * torch.linalg.vecdot(q, k[..., :1, :]) - lse)
+    return AttentionRows(entropy, first, k.shape[-2])
 
 
 @dataclass
 class AttentionScores:
     """Pre-softmax attention scores of one block: ``q·kᵀ·scale + bias``, the model's own ``logits``, or only
-    their row statistics ``rows`` when the recorder attended itself.
+    their row statistics ``rows`` (from `fused_rows`).
 
     ``q``: (B,H,Tq,hd), ``k``: (B,H,Tk,hd) with grouped heads already repeated; ``bias``: additive,
     broadcastable to (B,H,Tq,Tk), −inf where a key is masked; ``logits``: (B,H,Tq,Tk) when the model formed
@@ -120,12 +140,14 @@ class AttentionScores:
         return s
 
     def row_stats(self) -> AttentionRows:
-        """Per-row softmax entropy and weight on key 0 (`AttentionRows`), formed chunk by chunk (the
-        shift is made in place in scores formed for a chunk, never in the model's own logits)."""
+        """Per-row softmax entropy and weight on key 0 (`AttentionRows`), rebuilt in as few passes as `SCORE_BYTES`
+        allows (the shift is made in place in scores formed for a pass, never in the model's own logits)."""
         if self.rows is not None:
             return self.rows
         b, _, _, tk = self.shape
-        step = _chunk(self.shape)
+        step = _images_per_pass(self.shape)
+        if step >= b:
+            return AttentionRows(*_softmax_rows(self.scores(0, b), self.logits is None, self.masked), tk)
         parts = [_softmax_rows(self.scores(i, i + step), self.logits is None, self.masked) for i in range(0, b, step)]
         return AttentionRows(torch.cat([e for e, _ in parts]), torch.cat([f for _, f in parts]), tk)
 
@@ -140,12 +162,23 @@ class AttentionScores:
                                       rows[0].keys))
 
 
+def _repeated_keys(query: Tensor, key: Tensor) -> Tensor:
+    """``key`` with grouped k/v heads repeated to the query's heads (grouped-query attention)."""
+    if key.shape[-3] != query.shape[-3]:
+        return key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
+    return key
+
+
 def _from_sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                enable_gqa: bool = False) -> AttentionScores:
-    q, k = query.float(), key.float()
-    if k.shape[-3] != q.shape[-3]:  # grouped-query attention: each k/v head serves several q heads
-        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+    """The record of one ``scaled_dot_product_attention`` call: fused row statistics when it has no mask, no
+    causality and no dropout, else fp32 q/k and the additive bias the scores are rebuilt from."""
+    q = query.float()
+    k = _repeated_keys(q, key.float())
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if attn_mask is None and not is_causal and dropout_p == 0.0 and q.dim() == 4:
+        return AttentionScores(rows=fused_rows(q, k, scale))
     bias = None
     if attn_mask is not None:
         bias = (torch.zeros(attn_mask.shape, device=q.device).masked_fill_(~attn_mask, -math.inf)
@@ -155,33 +188,7 @@ def _from_sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | No
         causal = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril()
         causal_bias = torch.zeros(tq, tk, device=q.device).masked_fill_(~causal, -math.inf)
         bias = causal_bias if bias is None else bias + causal_bias
-    return AttentionScores(q, k, q.shape[-1] ** -0.5 if scale is None else float(scale), bias)
-
-
-def _plain(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-           is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> bool:
-    """Whether the recorder can answer this ``scaled_dot_product_attention`` call itself: 4-D, no mask, not
-    causal, no dropout, as many k/v heads as q heads."""
-    return (attn_mask is None and not is_causal and dropout_p == 0.0 and not enable_gqa and query.dim() == 4
-            and key.shape[-3] == query.shape[-3] == value.shape[-3])
-
-
-def _attend(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-            is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False
-            ) -> tuple[Tensor, AttentionScores]:
-    """A plain (`_plain`) attention computed in fp32 chunk by chunk: its output, in the query's dtype, and
-    its row statistics."""
-    q, k, v = query.float(), key.float(), value.float()
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    b, h, tq, _ = q.shape
-    out = torch.empty(*q.shape[:-1], v.shape[-1], device=q.device)
-    entropy = torch.empty(b, h, tq, device=q.device)
-    first = torch.empty_like(entropy)
-    step = _chunk((b, h, tq, k.shape[-2]))
-    for i in range(0, b, step):
-        s = torch.matmul(q[i:i + step], k[i:i + step].transpose(-2, -1)).mul_(scale)
-        entropy[i:i + step], first[i:i + step] = _softmax_rows(s, True, False, v[i:i + step], out[i:i + step])
-    return out.to(query.dtype), AttentionScores(rows=AttentionRows(entropy, first, k.shape[-2]))
+    return AttentionScores(q, k, scale, bias)
 
 
 def _softmax_over_keys(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
@@ -193,8 +200,8 @@ def _softmax_over_keys(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor 
 
 
 class AttentionRecorder(TorchFunctionMode):
-    """Records `AttentionScores` while `active`: answers plain attention calls itself (see the module
-    docstring) and passes every other call through unchanged."""
+    """Records `AttentionScores` while `active` and passes every call through unchanged (see the module
+    docstring)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -206,10 +213,6 @@ class AttentionRecorder(TorchFunctionMode):
         kwargs = kwargs or {}
         if self.active:
             if func is F.scaled_dot_product_attention:
-                if _plain(*args, **kwargs):
-                    out, record = _attend(*args, **kwargs)
-                    self.records.append(record)
-                    return out
                 self.records.append(_from_sdpa(*args, **kwargs))
             elif func in _SOFTMAX and (logits := _softmax_over_keys(args, kwargs)) is not None:
                 self.records.append(AttentionScores(logits=logits.float()))

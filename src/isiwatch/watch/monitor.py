@@ -26,9 +26,11 @@ from torch import Tensor, nn
 
 from .._utils.files import reserve_std_fds, shown_path
 from .._utils.state import PRESENT, checked, is_count, is_number, optional
-from ..measure.analysis import METRICS, Analysis, analyze, tracked_metrics, untracked_reason
+from ..measure.analysis import METRICS, Analysis, analyze_batch, tracked_metrics, untracked_reason
 from ..measure.depth import recommend_depth
 from ..measure.phases import PlateauTracker
+from ..measure.probe_batch import ProbeBatch
+from ..measure.recon import DEFAULT_RECON_COMPONENTS
 from ..taps import ViTParts, input_problem, unwrap_model, vit_parts
 from .alerts import Alert, AlertEngine, AlertRules, AlertSink, log_sink
 from .config import WatchOptions, build_options
@@ -44,6 +46,9 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 logger = logging.getLogger("isiwatch")
+
+#: The share of the probe images the linear probes train on (`analyze`'s default): the rest is held out.
+PROBE_TRAIN_FRACTION = 0.7
 
 #: The fault source of the user's ``alert_callback``.
 CALLBACK = "alert_callback"
@@ -217,6 +222,8 @@ class Watch:
         self.freezer = Freezer(self._probe_model, self._parts, policy, probe_images) if policy else None
         self.probe_images = probe_images
         self.probe_labels = probe_labels
+        # the probe split, label codes and device copies, fixed with the probe batch: made once, not per sample
+        self._probe_batch = ProbeBatch(probe_images, probe_labels, PROBE_TRAIN_FRACTION)
         for exporter in exporters:
             if not isinstance(exporter, Exporter):
                 raise TypeError(f"exporters must be isiwatch.watch.exporters.Exporter instances, got "
@@ -538,14 +545,14 @@ class Watch:
                       f"samples less often than every {base * MAX_STRETCH} steps")
 
     def _measure(self, global_step: int, loss: float | Tensor | None, probes: bool = True) -> Sample:
-        """The probe pass and everything computed from it (the linear probes only when ``probes``). An
-        out-of-memory error frees what the pass held and retries once in chunks a quarter the size."""
-        if loss is not None:
-            loss = float(loss.detach() if isinstance(loss, Tensor) else loss) * self.loss_scale
+        """The probe pass and everything computed from it (the linear probes only when ``probes``), read on the
+        host once together with the loss. An out-of-memory error frees what the pass held and retries once in
+        chunks a quarter the size."""
         start = _clock()
+        extra = {"loss": loss.detach()} if isinstance(loss, Tensor) else {}
         chunk = self.options.probe_batch_size
         try:
-            analysis = self._analyze(chunk, probes)
+            analysis, read = self._analyze(chunk, probes, extra)
         except torch.OutOfMemoryError:
             smaller = max(4 if self.options.with_isi_recon else 1, chunk // 4)
             if smaller >= chunk:
@@ -554,18 +561,23 @@ class Watch:
         if analysis is None:
             _free_memory()
             logger.info("isiwatch: the probe pass ran out of memory; retrying in chunks of %d images", smaller)
-            analysis = self._analyze(smaller, probes)
+            analysis, read = self._analyze(smaller, probes, extra)
+        if loss is not None:
+            loss = (read["loss"][0] if isinstance(loss, Tensor) else float(loss)) * self.loss_scale
         recommendation = recommend_depth(analysis)
         return Sample(global_step, time.time(), analysis.layers, analysis.phases, _clock() - start,
                       loss, recommendation)
 
-    def _analyze(self, batch_size: int, probes: bool) -> Analysis:
+    def _analyze(self, batch_size: int, probes: bool, extra: dict[str, Tensor]
+                 ) -> tuple[Analysis, dict[str, list[float]]]:
         opts = self.options
-        labels = self.probe_labels if probes else None
+        options = {"batch_size": batch_size, "isi_recon": opts.with_isi_recon,
+                   "recon_components": DEFAULT_RECON_COMPONENTS, "probe_train_fraction": PROBE_TRAIN_FRACTION,
+                   "seed": 0}
         with self.freezer.recording() if self.freezer else contextlib.nullcontext():
-            return analyze(self._probe_model, self.probe_images, labels, batch_size=batch_size,
-                           with_isi_recon=opts.with_isi_recon, phase_metric=opts.phase_metric,
-                           phase_options={"min_layers": opts.min_layers}, parts=self._parts)
+            return analyze_batch(self._probe_model, self._probe_batch, options, probes=probes,
+                                 phase_metric=opts.phase_metric, phase_options={"min_layers": opts.min_layers},
+                                 parts=self._parts, extra=extra)
 
     def _skip(self, global_step: int, failure: Exception | str) -> None:
         """A sample that failed (here or on another rank): report it, and disable the Watch after

@@ -1,0 +1,37 @@
+"""The one host read of a sample: every number it computed on the device, copied to the host at once.
+
+Taps, metrics and probes leave their results on the model's device; `read_back` flattens them into one float64
+tensor and copies it to the host in one transfer (on CUDA into pinned memory, non-blocking, then one wait), so a
+sample synchronises with the device once, not once per value. Phases, alerts, early stopping, the freeze policy
+and the exporters then work on the host numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+from torch.profiler import record_function
+
+
+def read_back(values: Mapping[str, Tensor]) -> dict[str, list[float]]:
+    """Each tensor of ``values`` as a flat list of Python floats, from one host read of all of them."""
+    if not values:
+        return {}
+    flat = [v.detach().reshape(-1).double() for v in values.values()]
+    sizes = [len(v) for v in flat]
+    with record_function("isiwatch.host"):
+        joined = torch.cat([v.to(flat[0].device) for v in flat])
+        if joined.device.type == "cuda":
+            host = torch.empty(joined.shape, dtype=joined.dtype, pin_memory=True)
+            host.copy_(joined, non_blocking=True)
+            torch.cuda.current_stream(joined.device).synchronize()
+        else:
+            host = joined.cpu()
+        numbers = host.tolist()
+    out, start = {}, 0
+    for name, size in zip(values, sizes):
+        out[name] = numbers[start:start + size]
+        start += size
+    return out
