@@ -9,7 +9,6 @@ value per image before averaging; all inputs are fp32. ``p`` is the number of pr
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..taps import AttentionScores, BlockTensors
+from .readback import on_device
 
 #: Metrics computed on every block, in the order they are reported.
 BLOCK_METRICS = ("attn_token_change", "attn_entropy", "isi", "token_similarity", "block_influence",
@@ -137,12 +137,6 @@ class BlockSums:
                    torch.cat([c.entropy for c in chunks]), share, first.p, first.has_cls)
 
 
-@functools.lru_cache(maxsize=8)
-def _table_columns(device: torch.device) -> Tensor:
-    """`TABLE_COLUMNS` on ``device``, made once: a host-to-device copy per block would be a transfer per block."""
-    return torch.tensor(TABLE_COLUMNS, device=device)
-
-
 def _token_table(x: Tensor, x_normed: Tensor, z: Tensor, branch: Tensor, v: Tensor, columns: Tensor) -> Tensor:
     """The (b,T,10) per-token table of a pass: the five kinds side by side, one batched Gram per token and one
     product of every token with its image's first token."""
@@ -167,7 +161,7 @@ def reduce_block(bt: BlockTensors) -> tuple[BlockSums, Tensor]:
     v = z - patch_mean.mean(0)
     b, t, d = z.shape
     step = max(1, TOKEN_BYTES // (4 * _KINDS * t * d))
-    columns = _table_columns(z.device)
+    columns = on_device(TABLE_COLUMNS, z.device, torch.long)
     if step >= b:
         tokens = _token_table(bt.x, bt.x_normed, z, bt.branch, v, columns)
     else:

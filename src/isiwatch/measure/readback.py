@@ -1,13 +1,15 @@
-"""The one host read of a sample: every number it computed on the device, copied to the host at once.
+"""The host–device transfers of a sample: one read of every number it computed, and constants copied once.
 
 Taps, metrics and probes leave their results on the model's device; `read_back` flattens them into one float64
 tensor and copies it to the host in one transfer (on CUDA into pinned memory, non-blocking, then one wait), so a
 sample synchronises with the device once, not once per value. Phases, alerts, early stopping, the freeze policy
-and the exporters then work on the host numbers.
+and the exporters then work on the host numbers. The other way, a blocking copy of a constant (a list of
+regularisers, column indices) synchronises too, so `on_device` makes each one once per device and keeps it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import torch
@@ -35,3 +37,9 @@ def read_back(values: Mapping[str, Tensor]) -> dict[str, list[float]]:
         out[name] = numbers[start:start + size]
         start += size
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def on_device(values: tuple[float, ...] | tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``values`` as a 1-D tensor on ``device``, copied there once and kept (callers must not write to it)."""
+    return torch.tensor(values, dtype=dtype).to(device)

@@ -13,8 +13,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .readback import on_device
+
 #: Regularisers, relative to the mean squared singular value of the standardised features.
 DEFAULT_ALPHAS = tuple(10.0 ** e for e in range(-4, 3))
+#: Bytes of leave-one-out predictions the regulariser grid may hold at once ((A,K,C,n) fp32): all of it for the
+#: probes; a few regularisers per pass for ``isi_recon``'s thousands of targets.
+RIDGE_BYTES = 1 << 28
 
 
 @dataclass
@@ -72,9 +77,10 @@ def fit_ridge(
 ) -> RidgeFit:
     """Fit K ridge problems ``x`` (K,n,D) → ``y`` (n,C) or (K,n,C) with an intercept.
 
-    ``score(loo_predictions (K,n,C)) -> (K,)`` rates each candidate regulariser (higher is better); ties
-    go to the stronger regulariser. Predictions are formed target-major, (K,C,n), and handed to ``score`` as a
-    transposed view: with few targets, the products with n columns are several times faster than those with C.
+    ``score(loo_predictions (A,K,n,C)) -> (A,K)`` rates the candidate regularisers (higher is better), all of them
+    at once where `RIDGE_BYTES` allows; ties go to the stronger regulariser. Predictions are formed target-major,
+    (K,C,n), and handed to ``score`` as a transposed view: with few targets, the products with n columns are several
+    times faster than those with C.
     """
     k, n, _ = x.shape
     mean = x.mean(1, keepdim=True)
@@ -88,22 +94,26 @@ def fit_ridge(
     u, s, v = _spectrum(xs)
     u_t = u.transpose(1, 2).contiguous()  # (K,r,n)
     s2 = s.pow(2)
-    y_u = yc @ u  # (K,C,r)
+    y_u = torch.bmm(yc, u)  # (K,C,r)
+    # every regulariser at once, as a leading (A,) dimension: λ = α · mean s²
+    grid = on_device(tuple(alphas), x.device, x.dtype)
+    lam = grid.view(-1, 1, 1) * s2.mean(-1, keepdim=True)  # (A,K,1)
     u2_t = u_t.pow(2)
-    best_score = torch.full((k,), -torch.inf, device=x.device)
-    best_lam = torch.zeros(k, 1, device=x.device)
-    best_alpha = torch.zeros(k, device=x.device)
-    for alpha in alphas:
-        lam = alpha * s2.mean(-1, keepdim=True)  # (K,1)
-        shrink = torch.where(s2 > 0, s2 / (s2 + lam), 0).unsqueeze(1)  # (K,1,r); 0/0 on constant features
-        fitted = (y_u * shrink) @ u_t  # (K,C,n)
-        leverage = shrink @ u2_t + 1.0 / n  # (K,1,n)
+
+    def loo_scores(lam: Tensor) -> Tensor:
+        shrink = torch.where(s2 > 0, s2 / (s2 + lam), 0).unsqueeze(2)  # (A,K,1,r); 0/0 on constant features
+        fitted = (y_u * shrink) @ u_t  # (A,K,C,n)
+        leverage = shrink @ u2_t + 1.0 / n  # (A,K,1,n)
         loo = yc - (yc - fitted) / (1.0 - leverage).clamp_min(1e-6)
-        sc = score((loo + y_bar).transpose(1, 2))
-        better = sc >= best_score
-        best_score = torch.where(better, sc, best_score)
-        best_lam = torch.where(better.unsqueeze(-1), lam, best_lam)
-        best_alpha = torch.where(better, torch.as_tensor(alpha, device=x.device), best_alpha)
+        return score((loo + y_bar).transpose(-2, -1))  # (A,K)
+
+    per_pass = max(1, RIDGE_BYTES // (4 * yc.numel()))  # regularisers per pass, each (K,C,n)
+    scores = loo_scores(lam) if per_pass >= len(alphas) else torch.cat(
+        [loo_scores(lam[i:i + per_pass]) for i in range(0, len(alphas), per_pass)])
+    # the best score, ties to the stronger regulariser (the last of the increasing grid)
+    best = len(alphas) - 1 - scores.flip(0).argmax(0)
+    best_lam = lam.squeeze(-1).gather(0, best.unsqueeze(0)).view(k, 1)
+    best_alpha = grid[best]
     coef = torch.where(s > 0, s / (s2 + best_lam), 0).unsqueeze(1)  # (K,1,r)
     weights = ((y_u * coef) @ v.transpose(1, 2)).transpose(1, 2)  # (K,D,C), a view of (K,C,D)
     return RidgeFit(mean, scale, weights, y_bar.expand(k, *y_bar.shape[-2:]).transpose(1, 2), best_alpha, (u, s, v))

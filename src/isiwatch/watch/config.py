@@ -59,6 +59,9 @@ class WatchOptions:
     """Samples a stable plateau must last before `plateau_onset` (also `stop_on_plateau`'s patience)."""
     probe_batch_size: int = 256
     """Probe images per forward pass of a sample."""
+    probe_dtype: str | None = None
+    """`bfloat16` or `float16`: run the probe forward under `torch.autocast` in that dtype (cheaper where the model
+    trains in it; statistics are still accumulated in float32). None: the model's own dtype, autocast off."""
     with_isi_recon: bool = False
     """Also track the reconstruction-based ISI (slower)."""
     history_size: int = 1000
@@ -145,8 +148,9 @@ def _at_least(low: int) -> Callable[[object], str | None]:
     return rule
 
 
-def _one_of(choices: tuple[str, ...]) -> Callable[[object], str | None]:
-    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}; got {quote(v)}"
+def _one_of(choices: tuple[str | None, ...]) -> Callable[[object], str | None]:
+    shown = ", ".join("null" if c is None else c for c in choices)
+    return lambda v: None if v in choices else f"must be one of {shown}; got {quote(v)}"
 
 
 def _finite(v: object) -> str | None:
@@ -200,7 +204,7 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "isi_stall_min_rise": _finite, "isi_stall_min_loss_drop": _finite, "norm_friction_threshold": _finite,
     "mode": _one_of(("min", "max")), "min_delta": _finite, "patience": _at_least(0), "warmup": _at_least(0),
     "stopping_threshold": _finite, "divergence_threshold": _finite, "probe_every": _at_least(1),
-    "overhead_budget": _fraction,
+    "overhead_budget": _fraction, "probe_dtype": _one_of((None, "bfloat16", "float16")),
 }
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from .._utils.files import reserve_std_fds, shown_path
 from .._utils.state import PRESENT, checked, is_count, is_number, optional
@@ -87,14 +88,16 @@ def _plausible(seconds: float) -> bool:
     return math.isfinite(seconds) and 0 < seconds < MAX_READING_S
 
 
-def _own_numerics(model: nn.Module) -> contextlib.ExitStack:
-    """Autocast off, on the CPU and on every device the model lives on, for the Watch's own forward passes: a
-    training loop that calls ``step()`` inside ``torch.autocast`` must not change the probe pass's dtypes (its taps
-    compute in the model's own dtype), and the caller's autocast state is back as it was on exit."""
+def _own_numerics(model: nn.Module, probe_dtype: str | None = None) -> contextlib.ExitStack:
+    """The Watch's own autocast state, on the CPU and on every device the model lives on, for its forward passes:
+    off (``probe_dtype`` None), so a training loop that calls ``step()`` inside ``torch.autocast`` does not change
+    the probe pass's dtypes (its taps compute in the model's own dtype), or on in ``probe_dtype`` (the option's
+    cheaper probe pass, the same whatever the caller's autocast). The caller's state is back as it was on exit."""
     stack = contextlib.ExitStack()
     devices = {"cpu"} | {p.device.type for p in model.parameters() if p.device.type in _AUTOCAST_DEVICES}
+    dtype = None if probe_dtype is None else getattr(torch, probe_dtype)
     for device in sorted(devices):
-        stack.enter_context(torch.autocast(device, enabled=False))
+        stack.enter_context(torch.autocast(device, dtype=dtype, enabled=dtype is not None))
     return stack
 
 
@@ -400,7 +403,7 @@ class Watch:
         begin = _clock()
         self._emitted.clear()
         try:
-            with _own_numerics(self._probe_model):
+            with record_function("isiwatch.sample"), _own_numerics(self._probe_model, self.options.probe_dtype):
                 self._sample_now(global_step, loss, policies, begin)
             return list(self._emitted)
         finally:
