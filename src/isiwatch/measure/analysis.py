@@ -266,12 +266,14 @@ def analyze(
 @torch.no_grad()
 def analyze_batch(model: nn.Module, batch: ProbeBatch, options: Mapping[str, Any], *, probes: bool = True,
                   phase_metric: str = DEFAULT_PHASE_METRIC, phase_options: Mapping[str, Any] | None = None,
-                  parts: ViTParts | None = None, extra: Mapping[str, Tensor] | None = None
-                  ) -> tuple[Analysis, dict[str, list[float]]]:
+                  parts: ViTParts | None = None, extra: Mapping[str, Tensor] | None = None,
+                  forward_dtype: torch.dtype | None = None) -> tuple[Analysis, dict[str, list[float]]]:
     """[`analyze`][isiwatch.analyze] on a `ProbeBatch` whose split, label codes and device copies are kept between
     calls (the Watch's path); ``options`` are analyze's (``batch_size``, ``isi_recon``, ``recon_components``,
     ``probe_train_fraction``, ``seed``), ``probes`` False skips the linear probes. Every number, and the tensors of
-    ``extra`` (the Watch's loss), is read on the host once (`read_back`); returns the analysis and ``extra`` read."""
+    ``extra`` (the Watch's loss), is read on the host once (`read_back`); returns the analysis and ``extra`` read.
+    ``forward_dtype`` runs the model's forward under ``torch.autocast`` in that dtype (the Watch's ``probe_dtype``);
+    the statistics stay in float32."""
     model = unwrap_model(model)
     parts = parts or vit_parts(model)
     with_isi_recon = bool(options["isi_recon"])
@@ -288,7 +290,7 @@ def analyze_batch(model: nn.Module, batch: ProbeBatch, options: Mapping[str, Any
         chunk = images[offset:offset + batch_size]
         collector.start_chunk(offset, len(chunk))
         with record_function("isiwatch.forward"):
-            tap.capture(model, chunk, collector.on_stem, collector.on_block)
+            tap.capture(model, chunk, collector.on_stem, collector.on_block, forward_dtype)
     values = collector.results(n, batch.targets_on(param.device) if labelled else None)
     read = read_back({**values, **{f"extra/{k}": v for k, v in (extra or {}).items()}})
 

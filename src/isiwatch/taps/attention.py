@@ -213,7 +213,9 @@ class AttentionRecorder(TorchFunctionMode):
         kwargs = kwargs or {}
         if self.active:
             if func is F.scaled_dot_product_attention:
-                self.records.append(_from_sdpa(*args, **kwargs))
+                query = args[0] if args else kwargs["query"]
+                with torch.autocast(query.device.type, enabled=False):  # statistics in float32 under autocast too
+                    self.records.append(_from_sdpa(*args, **kwargs))
             elif func in _SOFTMAX and (logits := _softmax_over_keys(args, kwargs)) is not None:
                 self.records.append(AttentionScores(logits=logits.float()))
         return func(*args, **kwargs)

@@ -96,7 +96,8 @@ class Tap:
                           index: int = index, bp: BlockParts = bp) -> None:
                 x, z = (t.float() for t in bp.tokens(args, kwargs, output))
                 if index == 0:
-                    on_stem(state.pop("E", None), x)
+                    with full_precision(x.device):
+                        on_stem(state.pop("E", None), x)
                 if not state["records"]:
                     raise TapError(f"block {index}: its attention module did not run")
                 branch = torch.stack(state["branch"]).sum(0) if len(state["branch"]) > 1 else state["branch"][0]
@@ -104,9 +105,10 @@ class Tap:
                     branch = torch.cat([branch, branch.new_zeros(x.shape[0], x.shape[1] - branch.shape[1],
                                                                  x.shape[2])], dim=1)
                 xn = state.pop("Xn", None)
-                on_block(BlockTensors(index, x, x if xn is None else xn.float(), branch, z,
-                                      AttentionScores.along_heads(state["records"]), bp.num_prefix_tokens,
-                                      bp.has_cls))
+                with full_precision(x.device):
+                    on_block(BlockTensors(index, x, x if xn is None else xn.float(), branch, z,
+                                          AttentionScores.along_heads(state["records"]), bp.num_prefix_tokens,
+                                          bp.has_cls))
 
             handles.append(bp.block.register_forward_pre_hook(block_start))
             for attn in bp.attention:
@@ -129,15 +131,26 @@ class Tap:
 
     @torch.no_grad()
     def capture(self, model: nn.Module, images: Tensor, on_stem: StemFn,
-                on_block: Callable[[BlockTensors], None]) -> Tensor:
+                on_block: Callable[[BlockTensors], None], forward_dtype: torch.dtype | None = None) -> Tensor:
         """One forward of ``images`` through ``model`` with the hooks in place; returns the model output.
 
-        Runs in eval mode and restores every module's mode and the global RNG state afterwards.
+        Runs in eval mode and restores every module's mode and the global RNG state afterwards. ``forward_dtype``:
+        the forward runs under ``torch.autocast`` in that dtype; the consumers and the attention statistics run
+        with autocast off, in float32.
         """
-        with preserved_state(model), self._hooks(on_stem, on_block):
+        cast = (torch.autocast(images.device.type, dtype=forward_dtype) if forward_dtype is not None
+                else contextlib.nullcontext())
+        with preserved_state(model), self._hooks(on_stem, on_block), cast:
             model.eval()
             output: Tensor = model(images)
             return output
+
+
+def full_precision(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """Autocast off on ``device``'s type: statistics of a forward that runs under autocast stay in float32."""
+    if device.type in ("cpu", "cuda", "xpu", "mps"):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager

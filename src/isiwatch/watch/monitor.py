@@ -88,16 +88,15 @@ def _plausible(seconds: float) -> bool:
     return math.isfinite(seconds) and 0 < seconds < MAX_READING_S
 
 
-def _own_numerics(model: nn.Module, probe_dtype: str | None = None) -> contextlib.ExitStack:
-    """The Watch's own autocast state, on the CPU and on every device the model lives on, for its forward passes:
-    off (``probe_dtype`` None), so a training loop that calls ``step()`` inside ``torch.autocast`` does not change
-    the probe pass's dtypes (its taps compute in the model's own dtype), or on in ``probe_dtype`` (the option's
-    cheaper probe pass, the same whatever the caller's autocast). The caller's state is back as it was on exit."""
+def _own_numerics(model: nn.Module) -> contextlib.ExitStack:
+    """Autocast off, on the CPU and on every device the model lives on, for the Watch's own forward passes: a
+    training loop that calls ``step()`` inside ``torch.autocast`` must not change the probe pass's dtypes (its taps
+    compute in the model's own dtype, or under ``probe_dtype``'s autocast around the forward alone), and the
+    caller's autocast state is back as it was on exit."""
     stack = contextlib.ExitStack()
     devices = {"cpu"} | {p.device.type for p in model.parameters() if p.device.type in _AUTOCAST_DEVICES}
-    dtype = None if probe_dtype is None else getattr(torch, probe_dtype)
     for device in sorted(devices):
-        stack.enter_context(torch.autocast(device, dtype=dtype, enabled=dtype is not None))
+        stack.enter_context(torch.autocast(device, enabled=False))
     return stack
 
 
@@ -403,7 +402,7 @@ class Watch:
         begin = _clock()
         self._emitted.clear()
         try:
-            with record_function("isiwatch.sample"), _own_numerics(self._probe_model, self.options.probe_dtype):
+            with record_function("isiwatch.sample"), _own_numerics(self._probe_model):
                 self._sample_now(global_step, loss, policies, begin)
             return list(self._emitted)
         finally:
@@ -580,7 +579,8 @@ class Watch:
         with self.freezer.recording() if self.freezer else contextlib.nullcontext():
             return analyze_batch(self._probe_model, self._probe_batch, options, probes=probes,
                                  phase_metric=opts.phase_metric, phase_options={"min_layers": opts.min_layers},
-                                 parts=self._parts, extra=extra)
+                                 parts=self._parts, extra=extra,
+                                 forward_dtype=getattr(torch, opts.probe_dtype) if opts.probe_dtype else None)
 
     def _skip(self, global_step: int, failure: Exception | str) -> None:
         """A sample that failed (here or on another rank): report it, and disable the Watch after
