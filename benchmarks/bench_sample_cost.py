@@ -30,13 +30,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from machine import machine  # noqa: E402
 from op_count import OpCount  # noqa: E402
+from profile_ranges import range_seconds  # noqa: E402
 
 import isiwatch  # noqa: E402
 from isiwatch._utils.files import write_json  # noqa: E402
 from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
 
 RESULT = Path(__file__).parent / "results" / "sample_cost" / "sample_cost.json"
-RANGES = ("isiwatch.sample", "isiwatch.forward", "isiwatch.metrics", "isiwatch.probes", "isiwatch.host")
 TIMED = {"vit_small": "vit_small_patch16_224", "vit_base": "vit_base_patch16_224"}
 
 
@@ -61,19 +61,6 @@ def best_interleaved(fns: dict, repeats: int) -> dict[str, float]:
             fn()
             best[name] = min(best[name], time.perf_counter() - start)
     return best
-
-
-def range_seconds(fn) -> dict[str, float]:
-    """Seconds spent in each of `RANGES` during one call of ``fn`` (torch.profiler, CPU)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    totals = {name: 0.0 for name in RANGES}
-    for event in prof.key_averages():
-        if event.key in totals:
-            totals[event.key] += event.cpu_time_total / 1e6
-    return totals
 
 
 def timed_model(name: str, arch: str, images: int, repeats: int) -> dict:
@@ -135,6 +122,52 @@ def precision(repeats: int) -> dict:
     return {"arch": TIMED["vit_small"], "probe_images": 32, "sample_s": best, "max_abs_difference": diff}
 
 
+def _ratio(value: float) -> str:
+    return f"{value:.2f}×" if value < 10 else f"{value:.1f}×"
+
+
+def tables(now: dict, before: dict | None = None) -> list[str]:
+    """Markdown of a run (``now``) beside an earlier commit's (``before``, None: none): the op and read counts on
+    vit_tiny, the CPU times on ViT-S and ViT-B with the parts of one sample, and the bf16 probe pass."""
+    runs = [r for r in (before, now) if r is not None]
+    heads = " | ".join(f"`{r['commit']}`" for r in runs)
+    lines = [f"| vit_tiny, 224 px, one sample against a plain forward | {heads} | goal |",
+             "|---|" + "---|" * len(runs) + "---|"]
+    for i, images in enumerate((16, 128)):
+        lines.append(f"| aten ops, {images} probe images | "
+                     + " | ".join(f"{_ratio(r['ops'][i]['ops_ratio'])} ({r['ops'][i]['sample_ops']:,} / "
+                                  f"{r['ops'][i]['forward_ops']:,})" for r in runs) + " | ≤ 4× |")
+    lines.append("| ops growth from 16 to 128 images | "
+                 + " | ".join(_ratio(r["ops_growth_16_to_128"]) for r in runs) + " | ≤ 1.1× |")
+    for i, images in enumerate((16, 128)):
+        lines.append(f"| kernel-launching ops (not views), {images} images | "
+                     + " | ".join(_ratio(r["ops"][i]["launches_ratio"]) for r in runs) + " | – |")
+    lines.append("| scalar reads per sample (sync-capable ops and host reads) | "
+                 + " | ".join(" / ".join(str(c["scalar_reads"]) for c in r["ops"]) for r in runs) + " | ≤ 2 |")
+    lines += ["", f"| CPU, {next(iter(now['timed'].values()))['probe_images']} probe images, best of each | "
+              "commit | plain forward | sample | sample / forward (goal ≤ 1.3×) | `analyze` | `analyze` / forward "
+              "(goal ≤ 1.25×) |", "|---|---|---|---|---|---|---|"]
+    for name in now["timed"]:
+        for r in runs:
+            t = r["timed"].get(name)
+            if t:
+                lines.append(f"| {t['arch']} | `{r['commit']}` | {t['forward_s']:.2f} s | {t['sample_s']:.2f} s | "
+                             f"**{t['sample_over_forward']:.2f}×** | {t['analyze_s']:.2f} s | "
+                             f"**{t['analyze_over_forward']:.2f}×** |")
+    lines += ["", "One sample's profiler ranges (seconds; `isiwatch.metrics` runs inside the forward's hooks, so "
+              "`isiwatch.forward` holds it):", ""]
+    for t in now["timed"].values():
+        lines.append(f"- {t['arch']}: " + ", ".join(f"`{k}` {v:.3f}" for k, v in t["sample_parts_s"].items()))
+    precision = now.get("precision")
+    if precision:
+        times = precision["sample_s"]
+        lines += ["", f"`probe_dtype=\"bfloat16\"` on {precision['arch']} ({precision['probe_images']} probe "
+                  f"images, random init, random images): a sample {times['bfloat16']:.2f} s against "
+                  f"{times['float32']:.2f} s in float32; the largest difference of each metric over the blocks: "
+                  + ", ".join(f"{m} {v:.1e}" for m, v in precision["max_abs_difference"].items()) + "."]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_threads_argument(parser)
@@ -159,6 +192,7 @@ def main() -> None:
     if not args.no_precision:
         result["precision"] = precision(args.repeats)
     result["load_after"] = current_load()
+    result["markdown"] = tables(result)
     write_json(args.out, result)
     print(f"wrote {args.out}")
 

@@ -1,20 +1,25 @@
 """GPU readiness check: every figure the Watch needs on a CUDA device, in one run of at most 8 minutes.
 
-1. Watch overhead: ViT-B/16 at 224 px training in bf16 autocast (AdamW), a plain and a watched copy run in
-   alternating rounds; Watch with default options, every 100 steps, 256 probe images. Ratio of total times and
-   the median sample's cost against 100 training steps.
+1. Watch overhead: ViT-B/16 at 224 px training in bf16 autocast (AdamW), a plain copy and two watched copies (the
+   probe pass in float32, and with ``probe_dtype="bfloat16"``) run in alternating rounds; Watch otherwise with
+   default options, every 100 steps, 256 probe images. Ratio of total times and the median sample's cost against
+   100 training steps, per watched copy.
 2. Host–device synchronisations per Watch sample, counted by ``torch.cuda.set_sync_debug_mode("warn")`` (one
    warning per synchronising call) over forced samples.
-3. ``isiwatch.analyze`` against one plain eval forward over the same images (fp32 both).
-4. Truncation latency: 12 → 8 → 6 blocks (``tail`` cuts) at batch 1, 64 and 256, bf16 autocast.
-5. Watch on a ``torch.compile``'d training model (inductor): samples taken and graphs compiled (1: no
+3. What one sample costs: a forced sample against a plain no-grad eval forward of the probe batch in the same
+   precision (float32, and the bf16 probe pass against a bf16-autocast forward), the seconds of each profiler
+   range of a sample (``isiwatch.sample``, ``.forward``, ``.metrics``, ``.probes``, ``.host``) and the extra peak
+   memory of a sample and of the forward (bytes above what was allocated before; CUDA only).
+4. ``isiwatch.analyze`` against one plain eval forward over the same images (fp32 both).
+5. Truncation latency: 12 → 8 → 6 blocks (``tail`` cuts) at batch 1, 64 and 256, bf16 autocast.
+6. Watch on a ``torch.compile``'d training model (inductor): samples taken and graphs compiled (1: no
    recompilation by the probe pass).
-6. ``watch.step()`` called inside the bf16 autocast block, where many training loops call it: every sample taken,
+7. ``watch.step()`` called inside the bf16 autocast block, where many training loops call it: every sample taken,
    no ``monitor_error`` record (the probe pass runs with autocast off).
 
 Prints one JSON line on stdout (progress on stderr). ``--smoke`` runs the same code paths on the CPU with a
-tiny ViT in seconds (sync counting needs CUDA and reports null with the reason; compile uses the "eager"
-backend), so a test keeps the script from rotting.
+tiny ViT in seconds (sync counting and peak memory need CUDA and report null with the reason; compile uses the
+"eager" backend), so a test keeps the script from rotting.
 
     python benchmarks/gpu_check.py [--out benchmarks/results/gpu/gpu_check.json]
     python benchmarks/gpu_check.py --smoke
@@ -37,12 +42,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import isiwatch
-from isiwatch._utils.files import write_json
-from isiwatch._utils.threads import add_threads_argument, set_torch_threads
-from isiwatch.io.data import embedded_digits
-from isiwatch.truncation.cost import measure_latency
-from isiwatch.truncation.truncate import cut_vit
+sys.path.insert(0, str(Path(__file__).parent))
+from profile_ranges import range_seconds  # noqa: E402
+
+import isiwatch  # noqa: E402
+from isiwatch._utils.files import write_json  # noqa: E402
+from isiwatch._utils.threads import add_threads_argument, set_torch_threads  # noqa: E402
+from isiwatch.io.data import embedded_digits  # noqa: E402
+from isiwatch.truncation.cost import measure_latency  # noqa: E402
+from isiwatch.truncation.truncate import cut_vit  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,7 @@ class Plan:
     every: int
     probe_images: int
     sync_samples: int
+    cost_repeats: int
     analyze_images: int
     latency_batches: tuple[int, ...]
     latency_rounds: int
@@ -63,11 +72,12 @@ class Plan:
     compile_steps: int
 
 
-FULL = Plan(model={}, batch=128, rounds=3, round_steps=300, every=100, probe_images=256, sync_samples=3,
+FULL = Plan(model={}, batch=128, rounds=3, round_steps=300, every=100, probe_images=256, sync_samples=3, cost_repeats=5,
             analyze_images=1024, latency_batches=(1, 64, 256), latency_rounds=20, compile_backend="inductor",
             compile_steps=60)
 SMOKE = Plan(model={"img_size": 32, "patch_size": 8, "embed_dim": 32, "num_heads": 2}, batch=8, rounds=2,
-             round_steps=6, every=3, probe_images=16, sync_samples=2, analyze_images=32,
+             round_steps=6, every=3, probe_images=16, sync_samples=2, cost_repeats=2,
+             analyze_images=32,
              latency_batches=(1, 4, 8), latency_rounds=3, compile_backend="eager", compile_steps=4)
 DEPTHS = (12, 8, 6)
 
@@ -116,27 +126,36 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, st
     return time.perf_counter() - start
 
 
+PROBE_DTYPES = {"watched": None, "watched_bf16_probe": "bfloat16"}
+
+
 def watch_overhead(plan: Plan, device: str, x: Tensor, y: Tensor, px: Tensor, py: Tensor) -> dict:
-    """Plain and watched copies in alternating rounds; the watched copy's Watch samples every ``plan.every``."""
-    plain, watched = make_model(plan, device), make_model(plan, device)
-    opts = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (plain, watched)]
-    watch = isiwatch.Watch(watched, px, py, every_n_steps=plan.every)
-    for model, opt in zip((plain, watched), opts):  # warm-up (kernels, allocator); the Watch starts at step 1
-        train(model, opt, x, y, 3, 0, plan.batch, device)
-    times: dict[str, list[float]] = {"plain": [], "watched": []}
+    """A plain copy and one watched copy per `PROBE_DTYPES` entry in alternating rounds; each Watch samples every
+    ``plan.every`` steps."""
+    models = {name: make_model(plan, device) for name in ("plain", *PROBE_DTYPES)}
+    opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
+    watches = {name: isiwatch.Watch(models[name], px, py, every_n_steps=plan.every, probe_dtype=dtype)
+               for name, dtype in PROBE_DTYPES.items()}
+    for name, model in models.items():  # warm-up (kernels, allocator); the Watch starts at step 1
+        train(model, opts[name], x, y, 3, 0, plan.batch, device)
+    times: dict[str, list[float]] = {name: [] for name in models}
     step = 1
     for r in range(plan.rounds):
-        times["plain"].append(train(plain, opts[0], x, y, plan.round_steps, step, plan.batch, device))
-        times["watched"].append(train(watched, opts[1], x, y, plan.round_steps, step, plan.batch, device, watch))
+        for name, model in models.items():
+            times[name].append(train(model, opts[name], x, y, plan.round_steps, step, plan.batch, device,
+                                     watches.get(name)))
         step += plan.round_steps
-        log(f"round {r + 1}: plain {times['plain'][-1]:.2f} s, watched {times['watched'][-1]:.2f} s")
-    samples = [s.duration_s for s in watch.history]
-    watch.close()
+        log(f"round {r + 1}: " + ", ".join(f"{name} {t[-1]:.2f} s" for name, t in times.items()))
     step_s = statistics.median(times["plain"]) / plan.round_steps
-    sample_s = statistics.median(samples)
-    return {"ratio": sum(times["watched"]) / sum(times["plain"]), "samples": len(samples),
-            "sample_s": sample_s, "train_step_s": step_s,
-            "sample_share_of_every_steps": sample_s / (step_s * plan.every), "round_s": times}
+    out: dict = {"train_step_s": step_s, "round_s": times}
+    for name, watch in watches.items():
+        samples = [s.duration_s for s in watch.history]
+        watch.close()
+        sample_s = statistics.median(samples)
+        out[name] = {"probe_dtype": PROBE_DTYPES[name], "ratio": sum(times[name]) / sum(times["plain"]),
+                     "samples": len(samples), "sample_s": sample_s,
+                     "sample_share_of_every_steps": sample_s / (step_s * plan.every)}
+    return out
 
 
 def sync_count(plan: Plan, device: str, px: Tensor, py: Tensor) -> dict:
@@ -173,6 +192,44 @@ def timed(fn: Callable[[], object], device: str, repeats: int) -> float:
         synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def extra_peak_bytes(fn: Callable[[], object], device: str) -> int | None:
+    """Peak bytes allocated during ``fn`` above what was allocated before it (CUDA; None elsewhere)."""
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def sample_cost(plan: Plan, device: str, px: Tensor, py: Tensor) -> dict:
+    """A forced sample against a plain no-grad eval forward of the probe batch, in float32 and with the bf16
+    probe pass against a bf16-autocast forward: median seconds, profiler parts, extra peak memory."""
+    model = make_model(plan, device).eval()
+    steps = iter(range(1, 1_000_000))
+    out: dict = {"probe_images": len(px), "peak_memory_reason": None if device == "cuda" else
+                 f"peak memory is counted by the CUDA allocator; not measured on {device}"}
+    for dtype in ("float32", "bfloat16"):
+        watch = isiwatch.Watch(model, px, py, every_n_steps=1, probe_dtype=None if dtype == "float32" else dtype)
+
+        def forward(dtype: str = dtype) -> None:
+            with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+                model(px)
+
+        def sample(watch: isiwatch.Watch = watch) -> None:
+            watch.sample(next(steps))
+
+        forward_s, sample_s = timed(forward, device, plan.cost_repeats), timed(sample, device, plan.cost_repeats)
+        out[dtype] = {"forward_s": forward_s, "sample_s": sample_s, "ratio": sample_s / forward_s,
+                      "parts_s": range_seconds(sample), "forward_extra_peak_bytes": extra_peak_bytes(forward, device),
+                      "sample_extra_peak_bytes": extra_peak_bytes(sample, device)}
+        watch.close(final_sample=False)
+        log(f"sample cost {dtype}: forward {forward_s:.3f} s, sample {sample_s:.3f} s ({sample_s / forward_s:.2f}x)")
+    return out
 
 
 def analyze_vs_forward(plan: Plan, device: str, x: Tensor, y: Tensor) -> dict:
@@ -262,6 +319,7 @@ def main() -> None:
     sections: dict[str, Callable[[], dict]] = {
         "watch_overhead": lambda: watch_overhead(plan, device, x, y, px, py),
         "syncs_per_sample": lambda: sync_count(plan, device, px, py),
+        "sample_cost": lambda: sample_cost(plan, device, px, py),
         "analyze_vs_forward": lambda: analyze_vs_forward(plan, device, *digits(plan, plan.analyze_images, device)),
         "truncate_latency_ms": lambda: truncate_latency(plan, device, x),
         "watch_compile": lambda: watch_compiled(plan, device, x, y, px, py),

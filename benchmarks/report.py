@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_bridge  # noqa: E402
 import bench_depth  # noqa: E402
 import bench_freeze  # noqa: E402
+import bench_sample_cost  # noqa: E402
 import bench_truncate  # noqa: E402
 import bench_truncate_auto  # noqa: E402
 import score_depth_rules  # noqa: E402
@@ -378,6 +379,27 @@ def watch_overhead(data: dict) -> list[str]:
     return lines + [""]
 
 
+SAMPLE_COST = "What one Watch sample costs (`benchmarks/bench_sample_cost.py`)"
+
+
+@needs("sample_cost/sample_cost.json", SAMPLE_COST, "python benchmarks/bench_sample_cost.py")
+def sample_cost(data: dict) -> list[str]:
+    """The run beside the commit before the whole-batch sample (``before.json``, same script, same machine)."""
+    before = load(RESULTS / "sample_cost" / "before.json")
+    machines = f"Machine: {describe(data.get('machine'))}; load average {data['load_before']:.2f} before the run, " \
+               f"{data['load_after']:.2f} after."
+    earlier = ("" if before is None else
+               f" The column `{before['commit']}` is the code before the change, measured by the same script on the "
+               "same machine just before (`--no-precision --out benchmarks/results/sample_cost/before.json`, "
+               f"load average {before['load_before']:.2f} before, {before['load_after']:.2f} after).")
+    return [f"## {SAMPLE_COST}", "", f"Command: `python benchmarks/bench_sample_cost.py`. {machines}{earlier} "
+            "Op and read counts come from a `TorchDispatchMode` counter (`benchmarks/op_count.py`): on a GPU every "
+            "op that is not a view is a kernel launch and every scalar read a host–device sync; they do not depend "
+            "on the machine's load. GPU figures (syncs, per-part times, peak memory, training overhead with and "
+            "without the bf16 probe pass) are `benchmarks/gpu_check.py`'s: no GPU was lent to the session that "
+            "made this change, so the GPU check below predates it.", "", *bench_sample_cost.tables(data, before), ""]
+
+
 @needs("demo/demo.json", "The demo (`benchmarks/bench_demo.py`)", "python benchmarks/bench_demo.py")
 def demo(data: dict) -> list[str]:
     return ["## The demo (`benchmarks/bench_demo.py`)", "",
@@ -548,6 +570,7 @@ SECTIONS: list[Callable[[Path], list[str]]] = [
     rendered("Probe stage vs logistic regression", "bench_probes.py", "probes/probes.json",
              "python benchmarks/bench_probes.py"),
     watch_overhead,
+    sample_cost,
     rendered("Monitor overhead with 128 probe images", "bench_watch.py", "watch/watch_128.json",
              "python benchmarks/bench_watch.py --probe-images 128 --threads 1 --out "
              "benchmarks/results/watch/watch_128.json"),

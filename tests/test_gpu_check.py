@@ -18,10 +18,25 @@ def test_gpu_check_smoke_prints_one_sane_json_line():
     plan = out["plan"]
     assert out["smoke"] is True and out["device"] == "cpu"
 
-    overhead = out["watch_overhead"]
-    assert overhead["samples"] == plan["rounds"] * plan["round_steps"] // plan["every"]
-    assert overhead["ratio"] > 1 and overhead["sample_s"] > 0 and overhead["train_step_s"] > 0
-    assert len(overhead["round_s"]["plain"]) == len(overhead["round_s"]["watched"]) == plan["rounds"]
+    overhead = out["watch_overhead"]  # a plain copy, a watched one and one with the bf16 probe pass
+    assert overhead["train_step_s"] > 0
+    assert {name: len(times) for name, times in overhead["round_s"].items()} == {
+        "plain": plan["rounds"], "watched": plan["rounds"], "watched_bf16_probe": plan["rounds"]}
+    for name, dtype in (("watched", None), ("watched_bf16_probe", "bfloat16")):
+        arm = overhead[name]
+        assert arm["probe_dtype"] == dtype and arm["samples"] == plan["rounds"] * plan["round_steps"] // plan["every"]
+        assert arm["ratio"] > 1 and arm["sample_s"] > 0
+
+    cost = out["sample_cost"]  # one sample against a plain forward in the same precision, its parts, its memory
+    for dtype in ("float32", "bfloat16"):
+        part = cost[dtype]
+        assert part["ratio"] == part["sample_s"] / part["forward_s"] > 1
+        parts = part["parts_s"]
+        assert set(parts) == {"isiwatch.sample", "isiwatch.forward", "isiwatch.metrics", "isiwatch.probes",
+                              "isiwatch.host"}
+        assert parts["isiwatch.sample"] >= parts["isiwatch.forward"] > parts["isiwatch.metrics"] > 0
+        assert part["sample_extra_peak_bytes"] is None and part["forward_extra_peak_bytes"] is None  # CUDA only
+    assert "CUDA" in cost["peak_memory_reason"]
 
     syncs = out["syncs_per_sample"]  # CUDA only: null with the reason on the CPU
     assert syncs["per_sample"] is None and "CUDA" in syncs["reason"]
@@ -38,5 +53,5 @@ def test_gpu_check_smoke_prints_one_sane_json_line():
     assert compiled["ok"] and compiled["unique_graphs"] == 1 and compiled["samples"] >= 1
     in_autocast = out["watch_in_autocast"]  # step() inside bf16 autocast: every sample, no failure
     assert in_autocast["ok"] and in_autocast["samples"] == in_autocast["steps"] // in_autocast["every"] >= 1
-    assert set(out["section_s"]) == {"watch_overhead", "syncs_per_sample", "analyze_vs_forward",
+    assert set(out["section_s"]) == {"watch_overhead", "syncs_per_sample", "sample_cost", "analyze_vs_forward",
                                      "truncate_latency_ms", "watch_compile", "watch_in_autocast"}

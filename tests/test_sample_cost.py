@@ -85,3 +85,25 @@ def test_probe_dtype_runs_the_forward_in_that_dtype_and_keeps_the_statistics_in_
     for metric, values in plain.history[-1].layers.items():
         other = cheap.history[-1].layers[metric]
         assert max(abs(a - b) for a, b in zip(values, other)) < 0.02, metric
+
+
+def test_docs_show_the_committed_sample_cost_figures():
+    """docs/monitor.md's "What a sample costs" carries the figures of the committed benchmark JSON, nothing else."""
+    import json
+
+    root = Path(__file__).parent.parent
+    data = json.loads((root / "benchmarks" / "results" / "sample_cost" / "sample_cost.json").read_text())
+    page = (root / "docs" / "monitor.md").read_text(encoding="utf-8")
+    section = page[page.index("### What a sample costs"):page.index("What the Watch costs on the demo model")]
+    small, base = data["timed"]["vit_small"], data["timed"]["vit_base"]
+    rows = [f"| one sample | {small['sample_s']:.2f} s ({small['sample_over_forward']:.2f}×) | "
+            f"{base['sample_s']:.2f} s ({base['sample_over_forward']:.2f}×) |",
+            f"| plain no-grad forward of {small['probe_images']} probe images | {small['forward_s']:.2f} s | "
+            f"{base['forward_s']:.2f} s |",
+            f"{data['ops'][0]['ops_ratio']:.1f}× the aten ops",
+            f"reads the host {data['ops'][0]['scalar_reads']} times",
+            f"a sample took {data['precision']['sample_s']['bfloat16']:.2f} s instead of "
+            f"{data['precision']['sample_s']['float32']:.2f} s",
+            f"more than\n{max(data['precision']['max_abs_difference'].values()):.1e}"]
+    missing = [row for row in rows if row not in section]
+    assert not missing, f"docs/monitor.md differs from benchmarks/results/sample_cost/sample_cost.json: {missing}"

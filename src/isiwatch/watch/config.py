@@ -100,7 +100,7 @@ class WatchOptions:
     strict: bool = False
     """Re-raise failures inside the Watch instead of reporting them (tests, debugging)."""
     probe_every: int = 1
-    """Fit the linear probes, the costliest metric, on every k-th sample only."""
+    """Fit the linear probes on every k-th sample only."""
     overhead_budget: float | None = None
     """Fraction of training time the Watch may take (e.g. 0.005): it stretches its sampling interval to stay
     under it. None: off."""

@@ -165,7 +165,7 @@ class Watch:
       built-in ones (kept in `exporters`);
     - faults: ``max_consecutive_failures`` (failed samples in a row after which the Watch disables itself),
       ``strict`` (re-raise instead, for tests and debugging);
-    - cost: ``probe_every`` (the linear probes, the costliest metric, on every k-th sample only; the others
+    - cost: ``probe_every`` (the linear probes on every k-th sample only; the others
       carry no probe series), ``overhead_budget`` (opt-in, e.g. 0.005: the Watch stretches its sampling interval,
       in multiples of ``every_n_steps``, to keep its overhead ratio under this fraction of training time, and
       shortens it again, never below ``every_n_steps``, when there is room; it at most doubles per sample and
