@@ -11,11 +11,11 @@ import sys
 import textwrap
 
 import pytest
-from test_faults import fill, small_disk, tiny_vit  # noqa: F401  (small_disk: fixture)
+from test_faults import fill, own_disk, remount, small_disk, tiny_vit  # noqa: F401  (fixtures)
 from test_watch import digits  # noqa: F401  (fixture)
 
 from isiwatch import Watch
-from isiwatch.watch.log_folder import FolderInUse, holder
+from isiwatch.watch.log_folder import FolderInUse, LogFolderLock, holder
 
 
 def steps_in(path):
@@ -125,3 +125,65 @@ def test_a_resume_on_a_full_disk_drops_the_stale_records_once_there_is_room(digi
     assert episode[0][0] == "monitor_error" and episode[-1] == ("monitor_error_cleared", 7)
     steps = steps_in(log_dir / "metrics.jsonl")
     assert steps == sorted(set(steps)) and steps[:3] == [1, 2, 3] and steps[-3:] == [6, 7, 8]
+
+
+def test_watches_built_on_an_unwritable_folder_lock_it_at_their_first_write(digits, own_disk):  # noqa: F811
+    """Issue 48.3: two Watches built while the folder is read-only both start; once it is writable the first to
+    write takes the lock, the other's writes are refused in one line naming it (its samples counted, not
+    interleaved), and it writes once the first has closed."""
+    _, _, px, py = digits
+    folder = own_disk / "run"
+    folder.mkdir()
+    remount(own_disk, "ro")
+    records = {"a": [], "b": []}
+    try:
+        watches = {name: Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=folder, run_name=name,
+                               heatmap_every=1000, alert_callback=records[name].append) for name in records}
+    finally:
+        remount(own_disk, "rw")
+    assert not (folder / ".isiwatch.lock").exists()  # nothing could be written, the lock included
+    for step in (1, 2, 3, 4):
+        for watch in watches.values():
+            watch.step(step, 1.0)
+    assert [json.loads(line)["run"] for line in (folder / "metrics.jsonl").read_text().splitlines()] == ["a"] * 4
+    assert "run 'a'" in holder(folder)
+    source = "exporter JsonlExporter (log_dir in use)"  # its own line, though the exporter failed at step 0 already
+    refused = [r for r in records["b"] if r.kind == "monitor_error" and r.data["source"] == source]
+    assert len(refused) == 1 and refused[0].step == 1
+    assert f"is in use by run 'a' (pid {os.getpid()} on " in refused[0].message and "\n" not in refused[0].message
+    watches["a"].close(final_sample=False)
+    for step in (5, 6, 7):
+        watches["b"].step(step, 1.0)
+    watches["b"].close(final_sample=False)
+    assert steps_in(folder / "metrics.jsonl") == [1, 2, 3, 4, 5, 6, 7]
+    cleared = [r for r in records["b"] if r.kind == "monitor_error_cleared" and r.data["source"] == source]
+    failures = cleared[0].data["failures"]  # b's writes refused: its samples at steps 1-4 and its alert records
+    assert len(cleared) == 1 and failures >= 4 and f"works again after {failures} failures" in cleared[0].message
+
+
+def test_a_watch_refused_a_folder_always_names_its_holder(tmp_path):
+    """Issue 48.4: the holder's record is never seen half-written: of many simultaneous starts on one folder, each
+    refused one names the run, pid and host of the one that got it."""
+    import threading
+
+    messages: list[str] = []
+
+    def take(folder, name: str, start: threading.Barrier, locks: list) -> None:
+        start.wait()
+        try:
+            locks.append(LogFolderLock(folder, name))
+        except FolderInUse as exc:
+            messages.append(str(exc))
+    for round_ in range(60):
+        start, locks = threading.Barrier(4), []
+        threads = [threading.Thread(target=take, args=(tmp_path / str(round_), f"run{i}", start, locks))
+                   for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(locks) == 1
+        locks[0].release()
+    assert len(messages) == 60 * 3
+    unnamed = [m for m in messages if f"(pid {os.getpid()} on " not in m]
+    assert not unnamed, f"{len(unnamed)} of {len(messages)} refusals do not name the holder: {unnamed[0]}"

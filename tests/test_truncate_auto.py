@@ -259,3 +259,35 @@ def test_a_config_default_for_max_drop_does_not_block_a_fixed_keep(idle_ckpt, tm
                                        "--keep", "4", "--epochs", "0", "--images", "200"])
     assert result.exit_code == 0, result.output
     assert torch.load(out, weights_only=True)["model_kwargs"]["depth"] == 4
+
+
+def test_a_search_refused_partway_removes_the_journal_it_started_and_keeps_one_it_resumed(idle_ckpt, tmp_path,
+                                                                                          monkeypatch):
+    """Issue 48.2: a refusal (a ValueError, here from the third healing) leaves no journal of its own; an
+    interruption keeps it to resume from, and a resumed journal is never removed."""
+    options = dict(heal_steps=4, screen_steps=2, max_drop=6.0, budget=4, images=200, seed=0)
+    real_heal, healed = truncate_module.heal, []
+
+    def heal_then(error, after=2):
+        def heal(*args, **kwargs):
+            if len(healed) == after:
+                raise error
+            healed.append(kwargs["max_steps"])
+            return real_heal(*args, **kwargs)
+        return heal
+    journal = tmp_path / "search.jsonl"
+    monkeypatch.setattr(truncate_module, "heal", heal_then(ValueError("refused")))
+    with pytest.raises(ValueError, match="refused"):
+        truncate(idle_ckpt, None, journal=journal, **options)
+    assert not journal.exists()
+
+    healed.clear()
+    monkeypatch.setattr(truncate_module, "heal", heal_then(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        truncate(idle_ckpt, None, journal=journal, **options)
+    started = journal.read_text()
+    healed.clear()
+    monkeypatch.setattr(truncate_module, "heal", heal_then(ValueError("refused"), after=0))
+    with pytest.raises(ValueError, match="refused"):
+        truncate(idle_ckpt, None, journal=journal, resume=True, **options)
+    assert journal.read_text().startswith(started)  # resumed: kept, with what it finished

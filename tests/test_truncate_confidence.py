@@ -216,10 +216,14 @@ def test_an_uncut_result_is_one_row_and_a_speedup_within_noise_reads_so():
     assert [r[0] for r in rows] == ["uncut", "cut", "healed"]
 
 
-def test_a_bridged_winner_s_row_says_it_was_bridged():
-    """The candidate table's repair column said "bridge" while the before/after table called the same model "cut"."""
+def test_a_bridged_cut_has_a_row_of_its_own_after_the_cut_as_it_is():
+    """The candidate table's repair column said "bridge" while the before/after table called the same model "cut";
+    then the "bridged cut" row showed the cut as it is (issue 48.1): each model the run made has its row."""
     from isiwatch.truncation.truncate_report import report_rows
 
-    report = {**report_of(12, 6, 61.3, 30.0, differs=True),
-              "search": {"winner": {"repair": "bridge", "bridge": {"method": "lstsq", "runs": [{"after": 5}]}}}}
-    assert [r[0] for r in report_rows(report)[1]] == ["uncut", "bridged cut", "healed"]
+    report = report_of(12, 6, 61.3, 30.0, differs=True)
+    report["accuracy"] = {"uncut": 0.9, "cut": 0.8, "bridged": 0.86, "healed": 0.89}
+    report["agreement"] = {"cut": 0.85, "bridged": 0.9, "healed": 0.95}
+    rows = report_rows(report)[1]
+    assert [(r[0], r[-2], r[-1]) for r in rows] == [("uncut", 0.9, 1.0), ("cut", 0.8, 0.85),
+                                                    ("bridged cut", 0.86, 0.9), ("healed", 0.89, 0.95)]

@@ -33,17 +33,41 @@ def trained(tmp_path_factory):
     return save_checkpoint(tmp_path_factory.mktemp("trained") / "model.pt", ARCH, KWARGS, model.state_dict())
 
 
-def test_no_certified_cut_writes_nothing_and_exits_with_its_own_status(trained, tmp_path, monkeypatch):
+def test_no_certified_cut_writes_its_report_but_no_model_and_exits_with_its_own_status(trained, tmp_path,
+                                                                                       monkeypatch):
+    """Issue 48.5: the report asked for is the record of the decision, written on exit 3 too."""
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, ["truncate", str(trained), "--out", "cut.pt", "--report", "r.json",
                                        "--max-drop", "1", *QUICK])
     assert result.exit_code == NO_CERTIFIED_CUT != 1, result.output
-    assert list(tmp_path.iterdir()) == []  # no cut.pt, no report, no cut.pt.search.jsonl
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no cut.pt, no cut.pt.search.jsonl
+    search = json.loads((tmp_path / "r.json").read_text())["search"]
+    assert search["winner"] is None and search["candidates"] and search["message"].startswith("no cut: ")
+    assert search["to_certify"]["max_drop"] > 1 and search["to_certify"]["keep"] == 1
     last = result.output.splitlines()[-1]
-    assert last.startswith("no certified cut, nothing written: the nearest candidate, ")
+    assert last.startswith("no certified cut, no model written: the nearest candidate, ")
     assert "would be certified with --max-drop " in last
     assert "validate.py" not in result.output  # 'mnist' is no folder validate.py reads
     assert f"{NO_CERTIFIED_CUT} auto certified no cut" in CliRunner().invoke(main, ["truncate", "--help"]).output
+
+
+def test_a_one_block_model_is_refused_before_any_data_analysis_or_file(tmp_path, monkeypatch):
+    """Issue 48.2: a depth truncate cannot cut is refused in one line before the data is read, and leaves no
+    journal."""
+    import isiwatch.truncation.truncate as truncate_module
+
+    def never(*a, **k):
+        raise AssertionError("the data was read for a model that cannot be cut")
+    monkeypatch.setattr(truncate_module, "load_split", never)
+    torch.manual_seed(0)
+    one = timm.create_model(ARCH, pretrained=False, **{**KWARGS, "depth": 1})
+    save_checkpoint(tmp_path / "one.pt", ARCH, {**KWARGS, "depth": 1}, one.state_dict())
+    monkeypatch.chdir(tmp_path)
+    for extra in ([], ["--strategy", "tail"], ["--strategy", "tail", "--keep", "1"]):
+        result = CliRunner().invoke(main, ["truncate", "one.pt", "--out", "cut.pt", "--data", "mnist", *extra])
+        assert result.exit_code == 1, result.output
+        assert result.output == "Error: one.pt has 1 block: nothing can be cut from it (truncate needs at least 2)\n"
+        assert [p.name for p in tmp_path.iterdir()] == ["one.pt"]
 
 
 def test_the_api_says_no_cut_and_writes_no_file(trained, tmp_path):
@@ -195,7 +219,7 @@ def test_the_demo_finishes_and_says_no_certified_cut(tmp_path, monkeypatch):
     summary = demo_module.run_demo(tmp_path / "run", quick=True, prometheus_port=None, echo=lines.append,
                                    progress=False)
     assert summary["truncation"]["search"]["winner"] is None
-    assert any(line.startswith("no certified cut, nothing written: ") for line in lines)
+    assert any(line.startswith("no certified cut, no model written: ") for line in lines)
     run = tmp_path / "run"
     assert (run / "truncate_report.json").is_file() and not (run / "truncated.pt").exists()
     assert not list(run.glob("*.search.jsonl"))

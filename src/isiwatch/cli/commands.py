@@ -397,13 +397,13 @@ from ..truncation.strategies import (  # noqa: E402  (option defaults, from a mo
     STRATEGIES,
 )
 
-#: Exit status of ``isiwatch truncate`` when ``auto`` certified no cut (nothing written); bad input exits 1.
+#: Exit status of ``isiwatch truncate`` when ``auto`` certified no cut (no model written); bad input exits 1.
 NO_CERTIFIED_CUT = 3
 
 
 @main.command(epilog=f"Exit status: 0 a cut was written; 1 bad input or an error (one line, nothing written); "
-                     f"{NO_CERTIFIED_CUT} auto certified no cut (nothing written; the last line says what --max-drop "
-                     "or how many validation images would certify the nearest candidate).")
+                     f"{NO_CERTIFIED_CUT} auto certified no cut (no model written, --report still written; the last "
+                     "line says what --max-drop or how many validation images would certify the nearest candidate).")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Where to write the truncated checkpoint (a new directory for a Hugging Face model).")

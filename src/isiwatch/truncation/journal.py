@@ -32,9 +32,11 @@ class SearchJournal:
     def __init__(self, path: Path | None, header: dict[str, Any], resume: bool = False):
         self.path, self.header = path, json.loads(json.dumps(header))  # as it reads back from JSON
         self.finished: dict[tuple[int, ...], dict[str, Any]] = {}
+        self.created = False
         if path is None:
             return
         lines = path.read_text().splitlines() if resume and path.exists() else []
+        self.created = not lines
         if lines:
             self._read(lines)
         else:
@@ -65,6 +67,11 @@ class SearchJournal:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+    def discard(self) -> None:
+        """Remove the journal this run started (a refused run leaves none); one it resumed stays."""
+        if self.path is not None and self.created:
+            self.path.unlink(missing_ok=True)
 
     def lookup(self, kept: list[int]) -> dict[str, Any] | None:
         """The journalled record of the cut keeping ``kept``, if an earlier run finished it."""

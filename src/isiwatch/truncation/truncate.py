@@ -390,6 +390,9 @@ def plan(request: TruncateRequest) -> TruncationPlan:
     ckpt, uncut = _load(r)
     uncut = uncut.to(fabric.device).eval()
     depth = len(block_list(uncut))
+    if depth < 2:
+        raise OptionError("{source} has {blocks}: nothing can be cut from it (truncate needs at least 2)",
+                          source=ckpt.path, blocks=f"{depth} block" + ("" if depth == 1 else "s"))
     if r.keep is not None and not 1 <= r.keep < depth:
         raise OptionError("{keep} must be between 1 and {top} for this {depth}-block model, got {value}",
                           top=depth - 1, depth=depth, value=r.keep)
@@ -438,7 +441,8 @@ def plan(request: TruncateRequest) -> TruncationPlan:
 @dataclass
 class Execution:
     """The healed cut: its kept source blocks, healing steps, the ``auto`` search record (None for a fixed
-    strategy) and the images its accuracy is reported on (test for ``auto``, validation+test otherwise)."""
+    strategy), the images its accuracy is reported on (test for ``auto``, validation+test otherwise) and, when
+    the cut was bridged, the bridged cut before any healing (the report's "bridged cut" row)."""
 
     model: nn.Module
     kept: list[int]
@@ -446,6 +450,7 @@ class Execution:
     search: dict[str, Any] | None
     eval_x: Images
     eval_y: Tensor
+    bridged: nn.Module | None = None
     #: `measure_costs` of the uncut model and every depth tried, filled in by `execute`.
     costs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -455,8 +460,8 @@ def execute(plan: TruncationPlan) -> Execution:
     tried (`measure_costs`)."""
     r, split = plan.request, plan.split
     if plan.kept is None:
-        model, kept, search = auto_cut(plan)
-        execution = Execution(model, kept, search["healing_steps"], search, split.test_x, split.test_y)
+        model, kept, search, bridged = auto_cut(plan)
+        execution = Execution(model, kept, search["healing_steps"], search, split.test_x, split.test_y, bridged)
         depths = {c["keep"] for c in search["candidates"]}
     else:
         model = cut_vit(plan.uncut, plan.kept)
@@ -485,15 +490,13 @@ def measure_costs(plan: TruncationPlan, depths: set[int], images: Images) -> dic
 
 
 def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
-    """The report dict: costs and held-out accuracies of the uncut, cut and healed models
-    (`measure`) and every choice made on the way."""
+    """The report dict: costs and held-out accuracies of every model the run made (`stage_predictions`,
+    `measure`) and every choice made on the way."""
     r, kept, search, depth = plan.request, execution.kept, execution.search, plan.depth
-    x = execution.eval_x
-    reference = plan.uncut_test if search is not None and plan.uncut_test is not None else predict(plan.uncut, x)
-    after = predict(execution.model, x)
-    before = predict(cut_vit(plan.uncut, kept), x) if len(kept) < depth else reference
+    stages = stage_predictions(plan, execution)
+    reference, after = stages["uncut"], list(stages.values())[-1]
     result = measure(plan.checkpoint, execution.costs["uncut"], execution.costs[str(len(kept))],
-                     "test" if search else "validation+test", execution.eval_y, reference, before, after)
+                     "test" if search else "validation+test", execution.eval_y, stages)
     strategy = r.strategy if search is None else \
         f"auto: {search['winner_strategy']}" if search["winner"] else "auto: nothing cut"
     result.update({"strategy": strategy,
@@ -523,6 +526,26 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
         search["test"] = {"points": 100 * drop.drop, **drop.to_dict(),
                           "within_max_drop": 100 * drop.drop <= r.max_drop + 1e-9}
     return result
+
+
+def stage_predictions(plan: TruncationPlan, execution: Execution) -> dict[str, Tensor]:
+    """Predictions on the reported images of each model the run made, in the order it made them: ``uncut``,
+    then for a cut ``cut`` (as it is), ``bridged`` (when bridged) and ``healed`` (when healing took a step). The
+    last is the written model, always scored as itself."""
+    x, search = execution.eval_x, execution.search
+    reference = plan.uncut_test if search is not None and plan.uncut_test is not None else predict(plan.uncut, x)
+    if len(execution.kept) == plan.depth:
+        return {"uncut": reference}
+    made: list[tuple[str, nn.Module | None]] = [("cut", None)]  # None: made again here (cut_vit is cheap)
+    if execution.bridged is not None:
+        made.append(("bridged", execution.bridged))
+    if execution.healing_steps:
+        made.append(("healed", execution.model))
+    made[-1] = (made[-1][0], execution.model)
+    stages = {"uncut": reference}
+    for name, model in made:
+        stages[name] = predict(cut_vit(plan.uncut, execution.kept) if model is None else model, x)
+    return stages
 
 
 def to_certify(search: dict[str, Any], guarantee: SearchGuarantee) -> dict[str, Any] | None:
@@ -569,15 +592,17 @@ def cut_model_kwargs(plan: TruncationPlan, execution: Execution) -> dict[str, An
 
 def write(plan: TruncationPlan, execution: Execution, result: dict[str, Any]) -> list[Path]:
     """Write the healed model (`_write_model`) and the report, each when requested, from process 0 only;
-    returns the written paths."""
+    returns the written paths. A run that certified no cut writes its report (the record of the decision) but no
+    model, and leaves no journal."""
     r = plan.request
     if not plan.fabric.is_global_zero:  # every process healed the same weights; one writes them
         return []
-    if not certified(result):  # a copy of the input would pass for a cut: write nothing, leave no journal
+    paths = []
+    if not certified(result):  # a copy of the input would pass for a cut: no model file
         if r.journal is not None:
             r.journal.unlink(missing_ok=True)
-        return []
-    paths = [] if r.out is None else [_write_model(plan, execution, result, r.out)]
+    elif r.out is not None:
+        paths.append(_write_model(plan, execution, result, r.out))
     if r.report is not None:
         paths.append(write_json(r.report, result))
     return paths
@@ -594,8 +619,9 @@ def certified(report: dict[str, Any]) -> bool:
 class TruncateResult:
     """The truncated model, the report dict (also written as JSON with ``report=``), the written paths and whether
     this process is the one that writes (process 0 of a distributed run). ``cut`` is False when ``auto``
-    certified no cut: ``model`` is then the uncut model, nothing was written, and ``report["search"]``
-    says why (``message``) and what would certify the nearest candidate (``to_certify``)."""
+    certified no cut: ``model`` is then the uncut model, no model file was written (the report was, when asked
+    for), and ``report["search"]`` says why (``message``) and what would certify the nearest candidate
+    (``to_certify``)."""
 
     model: nn.Module
     report: dict[str, Any]
@@ -779,9 +805,9 @@ def _points(fraction: float) -> str:
     return f"{value:.2f} point{'' if value == 1 else 's'}"
 
 
-def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]]:
-    """The cheapest certified cut of the plan's uncut model (or a copy of it), its kept blocks and the search
-    record (`isiwatch.truncation.search`).
+def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any], nn.Module | None]:
+    """The cheapest certified cut of the plan's uncut model (or a copy of it), its kept blocks, the search
+    record (`isiwatch.truncation.search`) and, for a bridged winner, its bridged cut before healing.
 
     The fixed order of cuts is tested as cuts (no healing; bridged when that agrees better with the uncut model on
     the healing images, `CutRepair`) and healed from them: screened with `TruncationPlan.screen_steps` steps. A
@@ -829,6 +855,9 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
     try:
         winner = search.run()
         model = _final_heal(search, winner, heal_and_score, guarantee, record, progress)
+    except ValueError:  # a refusal (an interrupted or crashed search keeps its journal to resume from)
+        journal.discard()
+        raise
     finally:
         progress.close()
     record["resumed_candidates"] = sum(c.resumed for c in search.candidates)
@@ -846,10 +875,11 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
                                 f"{'as cut' if closest.chain == 'cut' else 'healed'}, dropped "
                                 f"{_points(closest.drop.drop)} on validation with an upper bound of "
                                 f"{_points(closest.bound)}"))
-        return copy.deepcopy(uncut), list(range(depth)), record
+        return copy.deepcopy(uncut), list(range(depth)), record, None
     record["message"] = None
     assert isinstance(model, nn.Module)
-    return model, winner.kept, record
+    bridged = None if winner.bridge is None else model if record["healing_steps"] == 0 else repair(winner.kept)[0]
+    return model, winner.kept, record, bridged
 
 
 def _final_heal(search: CutSearch, winner: Candidate | None, heal_and_score: Callable[[list[int], int], Score],

@@ -13,21 +13,22 @@ from .cost import separated
 
 
 def measure(ckpt: Checkpoint, uncut: dict[str, Any], truncated: dict[str, Any], split: str, labels: Tensor,
-            reference: Tensor, before: Tensor, after: Tensor) -> dict[str, Any]:
+            stages: dict[str, Tensor]) -> dict[str, Any]:
     """The before/after record: the uncut and truncated models' costs (`model_costs`, measured once for the
-    run), their accuracies on ``split`` (its name and size recorded with them) and agreement with the uncut
+    run), the accuracy on ``split`` (its name and size recorded with them) of each model in ``stages``
+    (predictions by name, ``uncut`` first, the written model last) and each cut's agreement with the uncut
     model; ``latency_differs``: whether the two latencies' interquartile ranges are apart (`separated`)."""
     cost = {"uncut": uncut, "truncated": truncated}
+    reference = stages["uncut"]
     return {"source": {"checkpoint": str(ckpt.path), "sha256": ckpt.sha256, "arch": ckpt.arch},
             "held_out_images": len(labels), "latency_batch": uncut["latency_batch"],
             "cost": {name: {k: v for k, v in c.items() if k != "latency_batch"} for name, c in cost.items()},
             "latency_differs": truncated is not uncut and separated(uncut["latency_quartiles_ms"],
                                                                     truncated["latency_quartiles_ms"]),
             "accuracy": {"split": split, "images": len(labels),
-                         **{name: float((p == labels).float().mean())
-                            for name, p in (("uncut", reference), ("cut", before), ("healed", after))}},
-            "agreement": {name: float((p == reference).float().mean()) for name, p in (("cut", before),
-                                                                                     ("healed", after))}}
+                         **{name: float((p == labels).float().mean()) for name, p in stages.items()}},
+            "agreement": {name: float((p == reference).float().mean()) for name, p in stages.items()
+                          if name != "uncut"}}
 
 
 def _points(value: float) -> str:
@@ -48,17 +49,15 @@ def latency_cell(cost: dict[str, Any]) -> str:
     return f"{median} ({quartiles[0]:.2f}-{quartiles[1]:.2f})" if quartiles else median
 
 
-def bridged(report: dict[str, Any]) -> bool:
-    """Whether the truncated model is a bridged cut (``auto``'s winner had the bridge as its repair)."""
-    winner = (report.get("search") or {}).get("winner") or {}
-    return bool(winner.get("bridge"))
+#: Row names of the models a run makes, by their key in the report's ``accuracy`` (in the order they are made).
+STAGE_NAMES = {"uncut": "uncut", "cut": "cut", "bridged": "bridged cut", "healed": "healed"}
 
 
 def report_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     """Before/after header and rows: blocks, parameters, FLOPs and their ratio (the primary costs), latency
     (median and interquartile range of interleaved repeats), the wall-time speed-up only when those ranges are
-    apart (else "within noise"), accuracy on its labelled split, agreement. An uncut result is one row; the cut
-    before healing is named by its repair ("cut", or "bridged cut")."""
+    apart (else "within noise"), accuracy on its labelled split, agreement. One row per model the run made
+    (`STAGE_NAMES`): the uncut model alone when nothing was cut; the last row is the written model."""
     cost, acc, agree = report["cost"], report["accuracy"], report["agreement"]
     header = ["model", "blocks", "params", "MFLOPs/img", "FLOPs", f"latency ms/{report['latency_batch']} (IQR)",
               "wall speed-up", f"accuracy {accuracy_label(acc)}", "agreement"]
@@ -70,10 +69,10 @@ def report_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     speedup = (f"{uncut['latency_ms'] / truncated['latency_ms']:.2f}x" if report.get("latency_differs", True)
                else "within noise")
     flops = f"{truncated['flops_per_image'] / uncut['flops_per_image']:.2f}x"
-    for name in ("cut", "healed"):
-        label = "bridged cut" if name == "cut" and bridged(report) else name
-        rows.append([label, truncated["blocks"], truncated["parameters"], truncated["flops_per_image"] / 1e6, flops,
-                     latency_cell(truncated), speedup, acc[name], agree.get(name, 1.0)])
+    for name in (name for name in STAGE_NAMES if name != "uncut" and name in acc):
+        rows.append([STAGE_NAMES[name], truncated["blocks"], truncated["parameters"],
+                     truncated["flops_per_image"] / 1e6, flops, latency_cell(truncated), speedup, acc[name],
+                     agree.get(name, 1.0)])
     return header, rows
 
 
@@ -143,20 +142,20 @@ def verdict_line(report: dict[str, Any]) -> str:
 
 
 def no_cut_line(report: dict[str, Any]) -> str | None:
-    """For an ``auto`` run that certified no cut: one line that says nothing was written and what would certify
+    """For an ``auto`` run that certified no cut: one line that says no model was written and what would certify
     the nearest candidate (``search.to_certify``); None when a cut was made."""
     search = report.get("search")
     if not isinstance(search, dict) or search.get("winner") is not None:
         return None
     need = search.get("to_certify")
     if not need:
-        return "no certified cut: no candidate was tested; nothing written"
+        return "no certified cut: no candidate was tested; no model written"
     how = {"cut": "as cut"}.get(need["chain"], need["chain"])
     images = need["validation_images"]
     more = (f", or about {images:,} validation images at its observed rates ({search['validation_images']:,} now)"
             if images else " (at the present max drop no number of validation images would: its observed drop "
                            "is not below it)")
-    return (f"no certified cut, nothing written: the nearest candidate, {need['strategy']} keeping {need['keep']} "
+    return (f"no certified cut, no model written: the nearest candidate, {need['strategy']} keeping {need['keep']} "
             f"blocks {how}, would be certified with --max-drop {need['max_drop']:.2f}{more}")
 
 

@@ -4,8 +4,11 @@ Two Watches appending to one ``metrics.jsonl`` would interleave two runs, and a 
 file under the other one's open handle, losing its records. So the first Watch on a folder takes an exclusive
 ``flock`` on ``.isiwatch.lock`` there (it records the run's name, process id and host) and a second one, in this
 process or another, is refused in one line naming it. The operating system drops the lock with the process, so a
-crashed run's folder is free for its resume. Locks are advisory and local: a folder shared over NFS between hosts may
-not be protected (``flock`` there depends on the mount).
+crashed run's folder is free for its resume. A folder that cannot be written when the Watch is built (a full or
+read-only disk) is locked at its first write instead, so two Watches built then still never share it. The holder's
+record is rewritten in place by one write of a fixed-size, space-padded JSON object (never truncated first), so a
+Watch refused the folder always reads a whole record. Locks are advisory and local: a folder shared over NFS between
+hosts may not be protected (``flock`` there depends on the mount).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import gc
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,10 @@ from .._utils.files import shown_path
 
 #: The lock file's name in ``log_dir``.
 LOCK_NAME = ".isiwatch.lock"
+#: Bytes of the holder's record: its JSON padded with spaces (valid JSON), so each rewrite covers the last one.
+RECORD_BYTES = 512
+#: How long a refused Watch waits for the holder's record (seconds): the holder writes it just after it locks.
+RECORD_WAIT_S = 0.5
 
 
 class FolderInUse(ValueError):
@@ -41,13 +49,30 @@ def _record(fd: int) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def _holder(fd: int) -> str:
-    """Who holds the lock, as its record says: ``run 'demo' (pid 4242 on host)``, or ``another Watch``."""
-    record = _record(fd) or {}
+def _described(record: dict[str, Any] | None) -> str | None:
+    """``run 'demo' (pid 4242 on host)`` from a whole record of a live holder; None for no record, a partial one
+    or one left by a process of this host that has ended (the holder has locked but not written yet)."""
     try:
-        return f"run {record['run']!r} (pid {int(record['pid'])} on {record['host']})"
+        run, pid, host = record["run"], int(record["pid"]), str(record["host"])  # type: ignore[index]
     except (KeyError, TypeError, ValueError):
-        return "another Watch"
+        return None
+    if host == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except OSError:  # alive, another user's
+            pass
+    return f"run {run!r} (pid {pid} on {host})"
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its record says: ``run 'demo' (pid 4242 on host)``, waiting up to `RECORD_WAIT_S`
+    for a holder that has just locked to write it; ``another Watch`` when none comes."""
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while (described := _described(_record(fd))) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return described or "another Watch"
 
 
 def _lock(fd: int) -> None:
@@ -65,10 +90,8 @@ def _lock(fd: int) -> None:
 
 
 class LogFolderLock:
-    """The lock of one log folder, taken on construction and held until ``release``.
-
-    A folder that cannot be created or written now (a full or read-only disk) is not locked: writing there fails
-    anyway, and the exporters report that themselves.
+    """The lock of one log folder, taken on construction (or, when the folder cannot be written then, by `acquire`
+    before the first write) and held until ``release``.
 
     Args:
         folder: The log folder (created if missing).
@@ -80,8 +103,19 @@ class LogFolderLock:
 
     def __init__(self, folder: str | Path, run: str):
         self.path = Path(folder) / LOCK_NAME
+        self.run = run
         self._fd: int | None = None
-        if fcntl is None:
+        self._unsupported = fcntl is None  # Windows, or a file system without flock: never locked
+        self.acquire()
+
+    def acquire(self) -> None:
+        """Take the folder's lock unless this Watch holds it; a folder that cannot be created or written now is left
+        unlocked (writing there fails anyway, and the exporter reports that) and tried again at the next call.
+
+        Raises:
+            FolderInUse: Another Watch holds the folder.
+        """
+        if self._fd is not None or self._unsupported:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,9 +131,10 @@ class LogFolderLock:
                               "log folder; give this run its own log_dir (or close the other Watch first)") from None
         except OSError:  # a file system without flock
             os.close(fd)
+            self._unsupported = True
             return
         self._fd = fd
-        self.rename(run)
+        self.rename(self.run)
 
     @property
     def held(self) -> bool:
@@ -108,12 +143,13 @@ class LogFolderLock:
 
     def rename(self, run: str) -> None:
         """Record ``run`` as the holder (a resumed run takes its saved name); a full disk leaves the old record."""
+        self.run = run
         if self._fd is None:
             return
         record = json.dumps({"run": run, "pid": os.getpid(), "host": socket.gethostname()}).encode()
-        try:
-            os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, record, 0)
+        try:  # one write over the whole of the last record: a reader sees the old record or the new, never none
+            size = max(RECORD_BYTES, len(record), os.fstat(self._fd).st_size)
+            os.pwrite(self._fd, record.ljust(size), 0)
         except OSError:
             pass
 

@@ -40,6 +40,7 @@ from .faults import KIND as FAULT_KIND
 from .faults import FaultLog, to_stderr
 from .freezing import KIND as FREEZE_KIND
 from .freezing import Freezer, policy_of, wrapper_problem
+from .log_folder import FolderInUse
 from .sample import PLATEAU_SERIES, Sample, series_names
 from .stopping import EarlyStopping, PlateauStopping
 
@@ -301,15 +302,17 @@ class Watch:
             reserve_std_fds()  # stderr may have been closed since the last call; an exporter may open a file now
         for i, exporter in enumerate(list(self.exporters)):
             source = f"exporter {names[i]}" if names.count(names[i]) == 1 else f"exporter {names[i]}[{i}]"
+            in_use = f"{source} (log_dir in use)"  # its own episode: said even while the exporter already fails
             try:
                 results.append(getattr(exporter, hook)(*args))
             except Exception as exc:
                 if self.options.strict:
                     raise
-                self.faults.failed(source, self.last_step or 0, exc)
+                self.faults.failed(in_use if isinstance(exc, FolderInUse) else source, self.last_step or 0, exc)
             else:
                 if hook == "write_sample":
                     self.faults.recovered(source, self.last_step or 0)
+                    self.faults.recovered(in_use, self.last_step or 0)
         return results
 
     def _write_alert(self, alert: Alert) -> None:

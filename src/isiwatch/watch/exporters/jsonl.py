@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from ..._utils.files import atomic_write, finite_json
 from ..alerts import Alert
-from ..log_folder import LogFolderLock
+from ..log_folder import FolderInUse, LogFolderLock
 from ..sample import Sample
 from .base import Exporter, SampleContext
 
@@ -23,7 +23,9 @@ class JsonlExporter(Exporter):
     is strict JSON: a NaN or infinite number is written as ``null``. A resume drops the lines the crashed run wrote
     after the checkpoint, so each step of a run has one record (see ``resume``).
 
-    One writer per folder: the exporter holds the folder's lock (`LogFolderLock`) from construction to ``close``.
+    One writer per folder: the exporter holds the folder's lock (`LogFolderLock`) from construction, or from its
+    first write when the folder could not be written before, to ``close``; a write while another Watch holds the
+    folder raises `FolderInUse` and writes nothing (the Watch reports it once and counts the samples not written).
 
     Args:
         log_dir: The folder of ``metrics.jsonl`` and ``alerts.jsonl`` (created if missing, by
@@ -58,6 +60,7 @@ class JsonlExporter(Exporter):
             raise FileNotFoundError(errno.ENOENT, f"{path} was deleted mid-run; the next sample writes it anew")
         if fh is None:
             self.dir.mkdir(parents=True, exist_ok=True)
+            self._lock.acquire()  # not taken when the folder could not be written before: first, before any line
             fh = self._files[name] = open(path, "a", encoding="utf-8")
         return fh
 
@@ -105,10 +108,12 @@ class JsonlExporter(Exporter):
             except FileNotFoundError:
                 continue
             self._pending[name] = (run, step, size)
-        failures = []
+        failures: list[Exception] = []
         for name in list(self._pending):
             try:
                 self._rewrite(name)
+            except FolderInUse as exc:  # another Watch writes the folder: its files are not this run's to rewrite
+                failures.append(exc)
             except OSError as exc:
                 _truncate_torn_line(self.dir / name)  # so the next append starts a line of its own
                 failures.append(exc)
@@ -120,6 +125,7 @@ class JsonlExporter(Exporter):
         rest and whatever was appended since."""
         run, step, size = self._pending[name]
         path = self.dir / name
+        self._lock.acquire()
         try:
             with open(path, "rb") as fh:
                 head = fh.read(size)
