@@ -1,10 +1,11 @@
 """The host–device transfers of a sample: one read of every number it computed, and constants copied once.
 
 Taps, metrics and probes leave their results on the model's device; `read_back` flattens them into one float64
-tensor and copies it to the host in one transfer (on CUDA into pinned memory, non-blocking, then one wait), so a
-sample synchronises with the device once, not once per value. Phases, alerts, early stopping, the freeze policy
-and the exporters then work on the host numbers. The other way, a blocking copy of a constant (a list of
-regularisers, column indices) synchronises too, so `on_device` makes each one once per device and keeps it.
+tensor (float32 on Apple's MPS, which has no float64) and copies it to the host in one transfer (on CUDA into
+pinned memory, non-blocking, then one wait), so a sample synchronises with the device once, not once per value.
+Phases, alerts, early stopping, the freeze policy and the exporters then work on the host numbers. The other way,
+a blocking copy of a constant (a list of regularisers, column indices) synchronises too, so `on_device` makes each
+one once per device and keeps it.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ def read_back(values: Mapping[str, Tensor]) -> dict[str, list[float]]:
     """Each tensor of ``values`` as a flat list of Python floats, from one host read of all of them."""
     if not values:
         return {}
-    flat = [v.detach().reshape(-1).double() for v in values.values()]
+    device = next(iter(values.values())).device
+    dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64; values are fp32 there
+    flat = [v.detach().reshape(-1).to(device, dtype) for v in values.values()]
     sizes = [len(v) for v in flat]
     with record_function("isiwatch.host"):
-        joined = torch.cat([v.to(flat[0].device) for v in flat])
+        joined = torch.cat(flat)
         if joined.device.type == "cuda":
             host = torch.empty(joined.shape, dtype=joined.dtype, pin_memory=True)
             host.copy_(joined, non_blocking=True)
