@@ -70,6 +70,22 @@ def test_a_one_block_model_is_refused_before_any_data_analysis_or_file(tmp_path,
         assert [p.name for p in tmp_path.iterdir()] == ["one.pt"]
 
 
+def test_a_train_last_no_cut_can_honour_is_refused_before_any_data(trained, tmp_path, monkeypatch):
+    """Issue 48.2: --train-last above the blocks a cut keeps (this 2-block model's cuts keep 1) is refused in one
+    line before the data is read, for a fixed --keep and for auto."""
+    import isiwatch.truncation.truncate as truncate_module
+
+    def never(*a, **k):
+        raise AssertionError("the data was read for a request that cannot be honoured")
+    monkeypatch.setattr(truncate_module, "load_split", never)
+    monkeypatch.chdir(tmp_path)
+    for extra in (["--strategy", "tail", "--keep", "1"], []):
+        result = CliRunner().invoke(main, ["truncate", str(trained), "--out", "cut.pt", "--train-last", "2", *extra])
+        assert result.exit_code == 1, result.output
+        assert result.output == "Error: --train-last must be at most 1, the blocks the cut keeps, got 2\n"
+        assert list(tmp_path.iterdir()) == []
+
+
 def test_the_api_says_no_cut_and_writes_no_file(trained, tmp_path):
     result = truncate(trained, tmp_path / "cut.pt", max_drop=1, budget=1, heal_steps=1, screen_steps=1, images=64)
     assert not result.cut and result.paths == [] and list(tmp_path.iterdir()) == []

@@ -63,7 +63,7 @@ def test_plan_chooses_the_blocks_before_any_healing_and_execute_report_write_fol
     assert torch.equal(execution.model.blocks[3].mlp.fc2.weight, planned.uncut.blocks[3].mlp.fc2.weight)
 
     result = report(planned, execution)
-    assert list(result["accuracy"]) == ["split", "images", "uncut", "cut"]  # unhealed: the cut is the last (written) model
+    assert list(result["accuracy"]) == ["split", "images", "uncut", "cut"]  # unhealed: the cut is the written model
     assert result["cost"]["uncut"]["blocks"] == 6 and result["cost"]["truncated"]["blocks"] == 4
     assert result["kept_blocks"] == [0, 1, 2, 3] and result["dropped_blocks"] == [4, 5]
     assert result["train_last"] == 2 and result["evaluated_on"] == "validation+test"

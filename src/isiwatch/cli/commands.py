@@ -448,7 +448,8 @@ NO_CERTIFIED_CUT = 3
 @click.option("--budget", type=click.IntRange(min=1), default=DEFAULT_BUDGET, show_default=True,
               help="auto: candidates screened at most.")
 @click.option("--train-last", type=click.IntRange(min=0),
-              help="Kept blocks to fine-tune, counted from the end (default: half).")
+              help="Kept blocks to fine-tune, counted from the end (default: half; auto's cuts that keep fewer train "
+                   "all of theirs).")
 @click.option("--epochs", type=click.IntRange(0, MAX_HEAL_EPOCHS), default=HEAL_EPOCHS, show_default=True,
               help="Healing epochs (0: cut only), unless --heal-steps is given.")
 @click.option("--heal-steps", type=click.IntRange(1, MAX_HEAL_STEPS),

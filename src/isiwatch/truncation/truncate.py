@@ -269,8 +269,11 @@ class TruncationPlan:
     def heal(self, model: nn.Module, steps: int, progress: bool = False) -> int:
         """Heal ``model`` (a cut of the uncut model) for ``steps`` optimizer steps on the healing images."""
         epochs = math.ceil(steps / self.steps_per_epoch)
+        options = self.heal_options
+        if options["train_last"] is not None:  # auto's smaller cuts: all of their blocks
+            options["train_last"] = min(options["train_last"], len(block_list(model)))
         return heal(model, self.split.train_x, self.split.train_y, epochs=epochs, max_steps=steps,
-                    progress=progress, **self.heal_options)
+                    progress=progress, **options)
 
 
 def _steps_per_epoch(split: Split) -> int:
@@ -380,6 +383,14 @@ def _load(request: TruncateRequest) -> tuple[Checkpoint, nn.Module]:
     return ckpt, build_model(ckpt)
 
 
+def _check_train_last(request: TruncateRequest, keep: int) -> None:
+    """Refuse a ``train_last`` above ``keep``, the most blocks a cut keeps (``auto``: depth − 1; its smaller cuts
+    train all of theirs)."""
+    if request.train_last is not None and request.train_last > keep:
+        raise OptionError("{train_last} must be at most {keep}, the blocks the cut keeps, got {value}",
+                          keep=keep, value=request.train_last)
+
+
 def plan(request: TruncateRequest) -> TruncationPlan:
     """Load the source and the images, measure on the uncut model what the strategy reads
     (`inputs_needed`) and, for a fixed strategy, choose the blocks to keep.
@@ -396,6 +407,7 @@ def plan(request: TruncateRequest) -> TruncationPlan:
     if r.keep is not None and not 1 <= r.keep < depth:
         raise OptionError("{keep} must be between 1 and {top} for this {depth}-block model, got {value}",
                           top=depth - 1, depth=depth, value=r.keep)
+    _check_train_last(r, r.keep or depth - 1)
     tapped = vit_parts(uncut).depth  # CaiT: its class-attention blocks follow the droppable ones
     source_analysis = _read_analysis(r.analysis, tapped, ckpt.sha256 or None) if r.analysis is not None else None
     norm = (resolve_data_config(uncut, str(r.data), ckpt.data_config, r.mean, r.std)
@@ -433,6 +445,7 @@ def plan(request: TruncateRequest) -> TruncationPlan:
             if keep >= depth:
                 raise OptionError("the analysis recommends keeping all {depth} blocks ({signal}); pass {keep:K} to "
                                   "cut anyway, or use {strategy:'auto'}", depth=depth, signal=recommendation.signal)
+        _check_train_last(r, keep)
         kept = choose_blocks(r.strategy, depth, keep, phases=inputs.phases, distances=inputs.distances, seed=r.seed)
     return TruncationPlan(r, ckpt, uncut, split, norm, fabric, metric, inputs.phases, recommendation, inputs.distances,
                           kept, uncut_test)
@@ -503,7 +516,8 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
                    "metric": plan.metric, "phases": plan.phases.to_dict() if plan.phases else None,
                    "recommendation": plan.recommendation.to_dict() if plan.recommendation else None,
                    "kept_blocks": kept, "dropped_blocks": sorted(set(range(depth)) - set(kept)),
-                   "train_last": default_train_last(len(kept)) if r.train_last is None else r.train_last,
+                   "train_last": default_train_last(len(kept)) if r.train_last is None else min(r.train_last,
+                                                                                                  len(kept)),
                    "epochs": r.epochs, "heal_steps": plan.heal_steps, "healing_steps": execution.healing_steps,
                    "lr": r.lr, "distill": r.distill, "data": plan.split.data, "weights": plan.checkpoint.weights,
                    "normalization": plan.normalization.to_dict() if plan.normalization else None,
@@ -708,7 +722,8 @@ def truncate(
             drop (a point estimate). Refused before any healing when the validation images cannot certify even
             a cut that changes no prediction.
         budget: ``auto``: candidates healed (screened) at most; the cuts as they are cost no healing.
-        train_last: Kept blocks to fine-tune, counted from the end; None: the late half.
+        train_last: Kept blocks to fine-tune, counted from the end (``auto``'s cuts that keep fewer train all of
+            theirs); None: the late half.
         epochs: Healing epochs (0: cut only), when ``heal_steps`` is None.
         heal_steps: Optimizer steps of a full heal (batches of 128 images); None: ``epochs`` passes.
         screen_steps: ``auto``: optimizer steps of each candidate's screening heal; None: a quarter of
