@@ -101,9 +101,12 @@ def fit_ridge(
     u2_t = u_t.pow(2)
 
     def loo_scores(lam: Tensor) -> Tensor:
-        shrink = torch.where(s2 > 0, s2 / (s2 + lam), 0).unsqueeze(2)  # (A,K,1,r); 0/0 on constant features
-        fitted = (y_u * shrink) @ u_t  # (A,K,C,n)
-        leverage = shrink @ u2_t + 1.0 / n  # (A,K,1,n)
+        # the regularisers ride in the rows of one matmul per problem: broadcasting U over them would copy it A times
+        a, c = lam.shape[0], yc.shape[-2]
+        shrink = torch.where(s2 > 0, s2 / (s2 + lam), 0).transpose(0, 1)  # (K,A,r); 0/0 on constant features
+        scaled = (y_u.unsqueeze(1) * shrink.unsqueeze(2)).reshape(k, a * c, -1)  # (K,A·C,r)
+        fitted = torch.bmm(scaled, u_t).view(k, a, c, n).transpose(0, 1)  # (A,K,C,n)
+        leverage = (torch.bmm(shrink, u2_t) + 1.0 / n).transpose(0, 1).unsqueeze(2)  # (A,K,1,n)
         loo = yc - (yc - fitted) / (1.0 - leverage).clamp_min(1e-6)
         return score((loo + y_bar).transpose(-2, -1))  # (A,K)
 
