@@ -550,15 +550,13 @@ def stage_predictions(plan: TruncationPlan, execution: Execution) -> dict[str, T
     reference = plan.uncut_test if search is not None and plan.uncut_test is not None else predict(plan.uncut, x)
     if len(execution.kept) == plan.depth:
         return {"uncut": reference}
-    made: list[tuple[str, nn.Module | None]] = [("cut", None)]  # None: made again here (cut_vit is cheap)
-    if execution.bridged is not None:
-        made.append(("bridged", execution.bridged))
-    if execution.healing_steps:
-        made.append(("healed", execution.model))
-    made[-1] = (made[-1][0], execution.model)
+    bridged, healed = execution.bridged, execution.healing_steps > 0
     stages = {"uncut": reference}
-    for name, model in made:
-        stages[name] = predict(cut_vit(plan.uncut, execution.kept) if model is None else model, x)
+    if bridged is not None or healed:  # the cut as it is was made, then repaired
+        stages["cut"] = predict(cut_vit(plan.uncut, execution.kept), x)
+    if bridged is not None and healed:
+        stages["bridged"] = predict(bridged, x)
+    stages["healed" if healed else "bridged" if bridged is not None else "cut"] = predict(execution.model, x)
     return stages
 
 
