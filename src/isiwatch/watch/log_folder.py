@@ -66,10 +66,10 @@ def _described(record: dict[str, Any] | None) -> str | None:
     return f"run {run!r} (pid {pid} on {host})"
 
 
-def _holder(fd: int) -> str:
-    """Who holds the lock, as its record says: ``run 'demo' (pid 4242 on host)``, waiting up to `RECORD_WAIT_S`
+def _holder(fd: int, wait: float = RECORD_WAIT_S) -> str:
+    """Who holds the lock, as its record says: ``run 'demo' (pid 4242 on host)``, waiting up to ``wait`` seconds
     for a holder that has just locked to write it; ``another Watch`` when none comes."""
-    deadline = time.monotonic() + RECORD_WAIT_S
+    deadline = time.monotonic() + wait
     while (described := _described(_record(fd))) is None and time.monotonic() < deadline:
         time.sleep(0.01)
     return described or "another Watch"
@@ -106,6 +106,7 @@ class LogFolderLock:
         self.run = run
         self._fd: int | None = None
         self._unsupported = fcntl is None  # Windows, or a file system without flock: never locked
+        self._refused = False
         self.acquire()
 
     def acquire(self) -> None:
@@ -124,8 +125,9 @@ class LogFolderLock:
             return
         try:
             _lock(fd)
-        except BlockingIOError:
-            holder = _holder(fd)
+        except BlockingIOError:  # waits for the holder's record once: a refused write must not stall each step
+            holder = _holder(fd, 0.0 if self._refused else RECORD_WAIT_S)
+            self._refused = True
             os.close(fd)
             raise FolderInUse(f"log_dir {shown_path(self.path.parent)} is in use by {holder}: one Watch writes a "
                               "log folder; give this run its own log_dir (or close the other Watch first)") from None
