@@ -187,3 +187,30 @@ def test_a_watch_refused_a_folder_always_names_its_holder(tmp_path):
     assert len(messages) == 60 * 3
     unnamed = [m for m in messages if f"(pid {os.getpid()} on " not in m]
     assert not unnamed, f"{len(unnamed)} of {len(messages)} refusals do not name the holder: {unnamed[0]}"
+
+
+def test_a_thread_refused_a_folder_names_a_holder_slow_to_write_its_record(tmp_path, monkeypatch):
+    """A winner stalled between its lock and its record (a busy process: the GIL elsewhere, a long collection) for
+    longer than a refused Watch waits is still named: in one process the lock and the record appear together."""
+    import threading
+    import time
+
+    from isiwatch.watch import log_folder
+
+    write = LogFolderLock.rename
+
+    def stalled(self, run):
+        time.sleep(log_folder.RECORD_WAIT_S + 0.3)
+        write(self, run)
+    monkeypatch.setattr(LogFolderLock, "rename", stalled)
+    locks: list[LogFolderLock] = []
+    winner = threading.Thread(target=lambda: locks.append(LogFolderLock(tmp_path, "slow")))
+    winner.start()
+    while not (tmp_path / log_folder.LOCK_NAME).exists():
+        time.sleep(0.001)
+    time.sleep(0.05)  # the winner holds the flock and sleeps before its record
+    with pytest.raises(FolderInUse) as refused:
+        LogFolderLock(tmp_path, "late")
+    winner.join()
+    assert f"run 'slow' (pid {os.getpid()} on " in str(refused.value)
+    locks[0].release()

@@ -17,6 +17,7 @@ import gc
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ LOCK_NAME = ".isiwatch.lock"
 RECORD_BYTES = 512
 #: How long a refused Watch waits for the holder's record (seconds): the holder writes it just after it locks.
 RECORD_WAIT_S = 0.5
+#: Held by a thread of this process from taking a folder's lock to writing its record.
+_TAKING = threading.Lock()
 
 
 class FolderInUse(ValueError):
@@ -123,20 +126,25 @@ class LogFolderLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError:
             return
-        try:
-            _lock(fd)
-        except BlockingIOError:  # waits for the holder's record once: a refused write must not stall each step
+        with _TAKING:  # in this process a lock and its holder's record appear together: a refused thread reads it
+            try:
+                _lock(fd)
+            except BlockingIOError:
+                refused = True
+            except OSError:  # a file system without flock
+                os.close(fd)
+                self._unsupported = True
+                return
+            else:
+                refused = False
+                self._fd = fd
+                self.rename(self.run)
+        if refused:  # waits for another process's record once: a refused write must not stall each step
             holder = _holder(fd, 0.0 if self._refused else RECORD_WAIT_S)
             self._refused = True
             os.close(fd)
             raise FolderInUse(f"log_dir {shown_path(self.path.parent)} is in use by {holder}: one Watch writes a "
-                              "log folder; give this run its own log_dir (or close the other Watch first)") from None
-        except OSError:  # a file system without flock
-            os.close(fd)
-            self._unsupported = True
-            return
-        self._fd = fd
-        self.rename(self.run)
+                              "log folder; give this run its own log_dir (or close the other Watch first)")
 
     @property
     def held(self) -> bool:
