@@ -10,13 +10,15 @@ trained on the healing digits with seeded AdamW:
   block with both residual branches scaled to 10 %: cutting it changes a few predictions);
 - ``trained-6``: a 6-block ViT, every block trained.
 
-Every candidate a rule tests is healed once, when a rule first asks for it, on the healing digits only and with
-``truncate``'s defaults (screening a quarter of the full heal of 2 epochs: 16 and 64 steps), and its predictions
-on all 1,000 held-out digits are kept. A case is one seeded split of the held-out digits into 500 validation and
-500 test digits. No candidate depends on the held-out digits (healing reads the healing digits, the fixed order
-their block influence), so choosing among already-healed candidates on a fresh split is what ``truncate`` would
-do on that split, without healing again. Each rule chooses on validation at confidence 0.95 with the default
-budget, and its delivered model (the uncut one when it certifies nothing) is scored once on test.
+Every candidate a rule tests is repaired once, when a rule first asks for it, on the healing digits only and with
+``truncate``'s defaults (the search now: as cut, bridged or healed in full for 2 epochs, 64 steps, as the
+calibration digits choose; the rule before: each candidate healed 16 steps, a quarter of the full heal, the winner
+healed in full), and its predictions on all 1,000 held-out digits are kept. A case is one seeded split of the
+held-out digits into 500 validation and 500 test digits. No candidate depends on the held-out digits (healing reads
+the healing digits, the fixed order their block influence), so choosing among already-healed candidates on a fresh
+split is what ``truncate`` would do on that split, without healing again. Each rule chooses on validation at
+confidence 0.95 with the default budget, and its delivered model (the uncut one when it certifies nothing) is scored
+once on test.
 
 The summary gives, per rule and max drop: cases, certified cuts, blocks removed, coverage (the share of cases
 whose delivered model's test drop is within the max drop: the claim is at least 95 %), the share within the
@@ -29,6 +31,7 @@ from) and the validation images each rule needs to certify a cut that changes no
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -45,11 +48,19 @@ from test_truncate_auto import ARCH, KWARGS, padded  # noqa: E402
 from isiwatch._utils.files import write_json  # noqa: E402
 from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
 from isiwatch.io.data import DIGITS_TRAIN, embedded_digits  # noqa: E402
+from isiwatch.io.timm_data import first_images  # noqa: E402
 from isiwatch.truncation.confidence import AcceptanceRule, PairedDrop, SearchGuarantee  # noqa: E402
 from isiwatch.truncation.healing import predict, train_classifier  # noqa: E402
 from isiwatch.truncation.search import CutSearch, Score  # noqa: E402
 from isiwatch.truncation.strategies import AUTO_STRATEGIES, DEFAULT_BUDGET, DEFAULT_CONFIDENCE  # noqa: E402
-from isiwatch.truncation.truncate import TruncateRequest, TruncationPlan, choose_blocks, cut_vit, plan  # noqa: E402
+from isiwatch.truncation.surgery import CutRepair  # noqa: E402
+from isiwatch.truncation.truncate import (  # noqa: E402
+    TruncateRequest,
+    TruncationPlan,
+    choose_blocks,
+    plan,
+    would_qualify,
+)
 
 RESULTS = Path(__file__).parent / "results" / "guarantee"
 #: Model name: (seed, trained blocks, idle blocks after which trained block (-1: before the first), the idle
@@ -75,14 +86,17 @@ def train(name: str, epochs: int, work: Path, device: str = "cpu") -> Path:
 
 
 class Candidates:
-    """The cuts of one model that the rules tested, each healed once for the steps asked (0: as cut); each
-    one's correctness on the held-out digits (validation then test halves of ``plan``'s split)."""
+    """The cuts of one model that the rules tested, each as cut or bridged (``base``) and healed once for the steps
+    asked (0: not healed); each one's correctness on the held-out digits (validation then test halves of
+    ``plan``'s split)."""
 
     def __init__(self, planned: TruncationPlan):
         self.plan, self.depth = planned, planned.depth
         self.labels = torch.cat([planned.split.val_y, planned.split.test_y])
         self.uncut = predict(planned.uncut, planned.split.held_out_x) == self.labels
-        self.correct: dict[tuple[tuple[int, ...], int], torch.Tensor] = {}
+        r = planned.request
+        self.repair = CutRepair(planned.uncut, first_images(planned.split.probe_x, r.images)[0], r.bridge)
+        self.correct: dict[tuple[tuple[int, ...], int, str], torch.Tensor] = {}
         self.heals = 0
 
     def blocks_for(self, strategy: str, keep: int) -> list[int] | None:
@@ -91,41 +105,43 @@ class Candidates:
             return None
         return choose_blocks(strategy, self.depth, keep, phases=p.phases, distances=p.distances, seed=0)
 
-    def of(self, kept: list[int], steps: int) -> torch.Tensor:
-        key = (tuple(kept), steps)
+    def of(self, kept: list[int], steps: int, base: str = "cut") -> torch.Tensor:
+        key = (tuple(kept), steps, base)
         if key not in self.correct:
-            model = cut_vit(self.plan.uncut, kept)
+            model = copy.deepcopy(self.repair.variants(kept)[base][0])
             if steps:
                 self.plan.heal(model, steps)
                 self.heals += 1
             self.correct[key] = predict(model, self.plan.split.held_out_x) == self.labels
         return self.correct[key]
 
-    def pair(self, kept: list[int], steps: int, images: torch.Tensor) -> PairedDrop:
-        return PairedDrop.from_correct(self.uncut[images].tolist(), self.of(kept, steps)[images].tolist())
+    def pair(self, kept: list[int], steps: int, images: torch.Tensor, base: str = "cut") -> PairedDrop:
+        return PairedDrop.from_correct(self.uncut[images].tolist(), self.of(kept, steps, base)[images].tolist())
 
 
-def fixed_sequence(cands: Candidates, val: torch.Tensor, max_drop: float) -> tuple[list[int], int, float | None]:
-    """The rule now (`CutSearch` and the full heal's own rule, as ``auto_cut`` runs them): the delivered
-    model's kept blocks, healing steps and validation bound (None: nothing certified, the uncut model)."""
-    p = cands.plan
-    screen, full = p.screen_steps, p.heal_steps
-    guarantee = SearchGuarantee(max_drop, DEFAULT_CONFIDENCE, min(DEFAULT_BUDGET, cands.depth - 1))
+def fixed_sequence(cands: Candidates, val: torch.Tensor,
+                   max_drop: float) -> tuple[list[int], int, float | None, str]:
+    """The rule now (`CutSearch` through `CutRepair.choose`, as ``auto_cut`` runs them): the delivered model's
+    kept blocks, healing steps, validation bound (None: nothing certified, the uncut model) and base (as cut or
+    bridged)."""
+    full = cands.plan.heal_steps
+    guarantee = SearchGuarantee(max_drop, DEFAULT_CONFIDENCE)
     if not guarantee.certifiable(len(val)):
-        return list(range(cands.depth)), 0, None
+        return list(range(cands.depth)), 0, None, "cut"
+    enough = would_qualify(guarantee, len(val))
+    chosen: dict[tuple[int, ...], tuple[int, str]] = {}
 
-    def score(strategy: str, kept: list[int], healed: bool) -> Score:
-        steps = screen if healed else 0
-        return Score(0.0, float(cands.of(kept, steps)[val].float().mean()), cands.pair(kept, steps, val), steps)
-    search = CutSearch(cands.depth, guarantee, DEFAULT_BUDGET, cands.blocks_for, score)
-    winner = search.run()
+    def score(strategy: str, kept: list[int], may_heal: bool) -> Score:
+        choice = cands.repair.choose(kept, enough, may_heal and full > 0)
+        steps, base = full if choice.heal else 0, "cut" if choice.record["base"] == "as cut" else "bridged"
+        chosen[tuple(kept)] = (steps, base)
+        return Score(0.0, float(cands.of(kept, steps, base)[val].float().mean()),
+                     cands.pair(kept, steps, val, base), steps, choice.repair)
+    winner = CutSearch(cands.depth, guarantee, DEFAULT_BUDGET, cands.blocks_for, score).run()
     if winner is None:
-        return list(range(cands.depth)), 0, None
-    if winner.chain == "healed":
-        pair, rule = cands.pair(winner.kept, full, val), guarantee.rule("full heal")
-        if rule.qualifies(pair):
-            return winner.kept, full, rule.bound(pair)
-    return winner.kept, winner.healing_steps, winner.bound
+        return list(range(cands.depth)), 0, None, "cut"
+    steps, base = chosen[tuple(winner.kept)]
+    return winner.kept, steps, winner.bound, base
 
 
 class Exhausted(Exception):
@@ -133,17 +149,18 @@ class Exhausted(Exception):
 
 
 def bonferroni(cands: Candidates, val: torch.Tensor, max_drop: float,
-               start: int) -> tuple[list[int], int, float | None]:
+               start: int) -> tuple[list[int], int, float | None, str]:
     """The rule before: every bound at (1 − confidence) / (budget + 1), refused outright when even a cut that
     changes nothing cannot pass; bisection along K with the first strategy from the recommended depth, the
     other strategies just below the cheapest K found, every candidate screened; the winner healed in full and
     kept when it passes too."""
     p = cands.plan
-    screen, full = p.screen_steps, p.heal_steps
+    full = p.heal_steps
+    screen = max(1, round(full / 4))  # a quarter of the full heal, as it was
     rule = AcceptanceRule(max_drop, (1 - DEFAULT_CONFIDENCE) / (DEFAULT_BUDGET + 1))
     needed = rule.images_needed()
     if needed is None or len(val) < needed:
-        return list(range(cands.depth)), 0, None
+        return list(range(cands.depth)), 0, None, "cut"
     tried: dict[tuple[int, ...], tuple[bool, float, float]] = {}  # kept: qualifies, healed accuracy, bound
 
     def qualifies(strategy: str, keep: int) -> bool:
@@ -175,12 +192,12 @@ def bonferroni(cands: Candidates, val: torch.Tensor, max_drop: float,
         pass
     passed = [(len(k), -acc, list(k), bound) for k, (ok, acc, bound) in tried.items() if ok]
     if not passed:
-        return list(range(cands.depth)), 0, None
+        return list(range(cands.depth)), 0, None, "cut"
     _, _, kept, bound = min(passed)
     pair = cands.pair(kept, full, val)
     if rule.qualifies(pair):
-        return kept, full, rule.bound(pair)
-    return kept, screen, bound
+        return kept, full, rule.bound(pair), "cut"
+    return kept, screen, bound, "cut"
 
 
 def run_model(name: str, args: argparse.Namespace, models: dict) -> list[dict]:
@@ -197,14 +214,14 @@ def run_model(name: str, args: argparse.Namespace, models: dict) -> list[dict]:
         for max_drop in args.max_drops:
             start = planned[max_drop].recommendation
             for rule in RULES:
-                kept, steps, bound = (fixed_sequence(cands, val, max_drop) if rule == RULES[0] else
-                                      bonferroni(cands, val, max_drop, start.depth if start else cands.depth))
-                test_drop = 100 * cands.pair(kept, steps, test).drop
+                kept, steps, bound, base = (fixed_sequence(cands, val, max_drop) if rule == RULES[0] else
+                                            bonferroni(cands, val, max_drop, start.depth if start else cands.depth))
+                test_drop = 100 * cands.pair(kept, steps, test, base).drop
                 rows.append({"model": name, "depth": cands.depth, "resample": resample, "max_drop": max_drop,
                              "rule": rule, "keep": len(kept), "kept": kept, "healing_steps": steps,
                              "validation_bound_points": None if bound is None else 100 * bound,
                              "test_drop_points": test_drop,
-                             "population_drop_points": 100 * cands.pair(kept, steps, every).drop,
+                             "population_drop_points": 100 * cands.pair(kept, steps, every, base).drop,
                              "within_max_drop": test_drop <= max_drop + 1e-9,
                              "within_bound": bound is None or test_drop <= 100 * bound + 1e-9})
         print(f"{name} split {resample}: " + "; ".join(
@@ -242,13 +259,13 @@ def summarise(rows: list[dict]) -> tuple[dict, list[str]]:
         now, before = (summary["groups"][f"{rule} @ {max_drop:g}"] for rule in RULES)
         summary[f"more_cuts @ {max_drop:g}"] = now["cuts"] - before["cuts"]
         summary[f"more_blocks_removed @ {max_drop:g}"] = now["blocks_removed"] - before["blocks_removed"]
-        now_needed = SearchGuarantee(max_drop, DEFAULT_CONFIDENCE, min(DEFAULT_BUDGET, 7)).images_needed()
+        now_needed = SearchGuarantee(max_drop, DEFAULT_CONFIDENCE).images_needed()
         before_needed = AcceptanceRule(max_drop, (1 - DEFAULT_CONFIDENCE) / (DEFAULT_BUDGET + 1)).images_needed()
         summary["images_needed"][f"{max_drop:g}"] = {"fixed sequence": now_needed, "Bonferroni (before)": before_needed}
         more = (summary[f"more_cuts @ {max_drop:g}"], summary[f"more_blocks_removed @ {max_drop:g}"])
         lines.append(f"| | | | **{more[0]:+d} cuts, {more[1]:+d} blocks** | | | | | |")
     lines += ["", "Validation images a cut that changes nothing needs to be certified (confidence 0.95, budget "
-              f"{DEFAULT_BUDGET}, screening shorter than the full heal): " + "; ".join(
+              f"{DEFAULT_BUDGET}; now one sequence at the whole error): " + "; ".join(
                   f"{d} point{'' if d == '1' else 's'}: {n['fixed sequence']} (before: {n['Bonferroni (before)']})"
                   for d, n in summary["images_needed"].items())]
     return summary, lines

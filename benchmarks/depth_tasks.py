@@ -41,6 +41,12 @@ class Task:
     def held_out(self) -> tuple[Tensor, Tensor]:
         return torch.cat([self.val_x, self.test_x]), torch.cat([self.val_y, self.test_y])
 
+    @property
+    def probe_x(self) -> list[tuple[Tensor, Tensor]]:
+        """The healing images as one batch, as a split's ``probe_x`` gives them (the search judges its repairs on
+        the first of them)."""
+        return [(self.train_x, self.train_y)]
+
 
 def _pairs(images: Tensor, labels: Tensor, count: int, seed: int) -> tuple[Tensor, Tensor]:
     gen = torch.Generator().manual_seed(seed)

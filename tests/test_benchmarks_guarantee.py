@@ -19,6 +19,7 @@ def test_one_padded_model_one_split(tmp_path):
     result = json.loads((tmp_path / "guarantee.json").read_text())
     now, before = (result["summary"]["groups"][f"{rule} @ 3"] for rule in ("fixed sequence", "Bonferroni (before)"))
     assert now["cases"] == before["cases"] == 1
-    assert now["cuts"] == 1 and now["healed_cuts"] == 0  # the identity blocks, cut as they are
-    assert result["rows"][0]["keep"] == 4 and result["rows"][0]["test_drop_points"] == 0
-    assert result["summary"]["images_needed"]["3"] == {"fixed sequence": 158, "Bonferroni (before)": 215}
+    row = next(r for r in result["rows"] if r["rule"] == "fixed sequence")
+    assert now["cuts"] == 1 and row["keep"] <= 4  # at least the 4 identity blocks (a 1-epoch model heals further)
+    assert not {1, 3, 5, 7} & set(row["kept"]) and len(row["kept"]) == row["keep"]  # the identity blocks went first
+    assert result["summary"]["images_needed"]["3"] == {"fixed sequence": 122, "Bonferroni (before)": 215}

@@ -311,8 +311,8 @@ def test_full_disk_while_analysing_names_the_file_and_writes_nothing(vit, tmp_pa
     (["analyze", "m.pt", "--images", "2"], "Error: Invalid value for '--images': 2 is not in the range x>=4 "
                                            "(see isiwatch analyze --help)"),
     (["truncate", "m.pt", "--out", "o.pt", "--keep", "2", "--budget", "3"],
-     "Error: --max-drop, --confidence, --budget, --screen-steps, --bridge and --resume apply to --strategy auto "
-     "only (see isiwatch truncate --help)"),
+     "Error: --max-drop, --confidence, --budget, --bridge and --resume apply to --strategy auto only (see "
+     "isiwatch truncate --help)"),
     (["config", "check"], "Error: Missing argument 'FILE' (see isiwatch config check --help)"),
 ])
 def test_usage_errors_are_one_line_with_exit_status_1(args, message):

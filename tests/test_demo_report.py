@@ -132,9 +132,7 @@ def test_quick_demo_writes_the_run_directory(demo_run):
     certifiable = output.index(f"auto: {search['validation_images']} validation images; a cut that changes no "
                                "prediction needs ")
     assert certifiable < output.index("uncut accuracy validation n=")  # said before the search, as truncate says it
-    full = search["full_heal"]
-    judged = full if full and full["qualifies"] else search["winner"]  # the model kept
-    assert judged["validation_drop"]["upper_bound_points"] <= QUICK.max_drop
+    assert search["winner"]["validation_drop"]["upper_bound_points"] <= QUICK.max_drop  # the model written
     assert analysis["model"]["held_out_accuracy"] >= 0.85
     # the phase-change lines follow metrics.jsonl sample by sample; the final line is analysis.json's phases
     # a flat stretch has one name, the vocabulary's, in every line: "slow start" from block 0, else "plateau"
@@ -324,7 +322,7 @@ def test_report_renders_in_headless_chromium_with_plots_visible(demo_run, tmp_pa
     candidates = re.search(r"<h3>Candidates</h3>.*?<thead><tr>(.*?)</tr>", dom.stdout, re.S)[1]
     assert {"images", "drop", "upper bound", "verdict"} <= set(re.findall(r"<th>(.*?)</th>", candidates))
     assert "<th>resumed</th>" not in dom.stdout  # none was resumed
-    verdicts = re.findall(r"<td>(winner|within the bound|outside the bound)</td>", dom.stdout)
+    verdicts = re.findall(r"<td>(winner|within the bound|outside the bound: the sequence stops)</td>", dom.stdout)
     assert len(verdicts) == len(report["search"]["candidates"]) >= 1
     shot = tmp_path / "page.png"
     subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile2'}",
@@ -457,14 +455,13 @@ def truncation_report(**search):
             "accuracy": {"uncut": 0.89, "cut": 0.80, "healed": 0.88}, "agreement": {"cut": 0.85, "healed": 0.95},
             "search": {**DEMO["search"], "uncut_validation_accuracy": 0.89, "validation_images": 500,
                        "test": {"points": 0.4, "images": 500, "within_max_drop": True},
-                       "rule": {"method": "Clopper-Pearson on each discordant count"}, **search}}
+                       "rule": {"method": "Clopper-Pearson on each discordant count", "alpha": 0.05}, **search}}
 
 
 def test_the_truncation_section_tells_the_terminals_story_with_a_full_candidates_table():
-    """The depth story, the dropped blocks' reason and the figures line as on the terminal; the candidates with
-    their validation images, drop, upper bound and verdict (the screening rows) and the winner's full heal as its
-    own, final row; the caption says the bound, not the observed drop, decides; no resumed column unless one was
-    resumed."""
+    """The depth story, the dropped blocks' reason and the sequence line as on the terminal; the candidates with
+    their repair, what chose it, validation images, drop, upper bound and verdict; the caption says the bound, not
+    the observed drop, decides; no resumed column unless one was resumed."""
     from isiwatch.cli.report import _truncation_table
     from isiwatch.truncation.explain import story_lines
 
@@ -474,17 +471,17 @@ def test_the_truncation_section_tells_the_terminals_story_with_a_full_candidates
         assert line in section, line
     header = re.search(r"<h3>Candidates</h3>.*?<thead><tr>(.*?)</tr>", section, re.S)[1]
     columns = re.findall(r"<th>(.*?)</th>", header)
-    assert columns[:10] == ["tested", "strategy", "blocks", "kept", "heal steps", "images", "val cut", "val healed",
-                            "drop", "upper bound"] and columns[-1] == "verdict" and "resumed" not in columns
+    assert columns[:11] == ["repair", "heal-image disagreement", "strategy", "blocks", "kept", "heal steps",
+                            "images", "val cut", "val repaired", "drop", "upper bound"]
+    assert columns[-1] == "verdict" and "resumed" not in columns
     rows = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(<td>.*?)</tr>", section.split(
         "<h3>Candidates</h3>")[1])]
     winner = next(row for row in rows if row[-1] == "winner")
-    assert winner[:10] == ["screening heal", "bi", "9", "0,1,2,3,4,5,6,7,8", "16", "500", "0.850", "0.870", "1.20",
-                           "3.95"]
-    assert rows[-1][:10] == ["full heal (final)", "bi", "9", "0,1,2,3,4,5,6,7,8", "64", "500", "0.850", "0.892",
-                             "-0.20", "2.34"] and rows[-1][-1] == "kept (final)"
+    assert winner[:11] == ["bridged and healed", "cut 8.0 % / bridged 5.0 %", "bi", "9", "0,1,2,3,4,5,6,7,8", "64",
+                           "500", "0.850", "0.870", "-0.20", "2.34"]
+    assert rows[-1][0] == "bridged and healed" and rows[-1][-1] == "outside the bound: the sequence stops"
     assert "the bound decides, not the observed drop" in section and "upper 95 % confidence bound" in section
-    assert "(full heal)" in section.split("<table>")[0]  # the caption's healing steps are the full heal's
+    assert "(bridged and healed)" in section.split("<table>")[0]  # the caption names the winner's repair
     resumed = truncation_report(candidates=[{**c, "resumed": i == 0} for i, c in enumerate(
         DEMO["search"]["candidates"])])
     assert "<th>resumed</th>" in _truncation_table(resumed)

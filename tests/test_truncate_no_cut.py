@@ -19,7 +19,7 @@ ARCH = "vit_tiny_patch16_224"
 KWARGS = {"img_size": 28, "patch_size": 7, "in_chans": 1, "num_classes": 10, "embed_dim": 32, "depth": 2,
           "num_heads": 2}
 #: A short search: one healed candidate of one healing step, on the analysis of 64 digits.
-QUICK = ["--budget", "1", "--heal-steps", "1", "--screen-steps", "1", "--images", "64", "--device", "cpu"]
+QUICK = ["--budget", "1", "--heal-steps", "1", "--images", "64", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -87,12 +87,12 @@ def test_a_train_last_no_cut_can_honour_is_refused_before_any_data(trained, tmp_
 
 
 def test_the_api_says_no_cut_and_writes_no_file(trained, tmp_path):
-    result = truncate(trained, tmp_path / "cut.pt", max_drop=1, budget=1, heal_steps=1, screen_steps=1, images=64)
+    result = truncate(trained, tmp_path / "cut.pt", max_drop=1, budget=1, heal_steps=1, images=64)
     assert not result.cut and result.paths == [] and list(tmp_path.iterdir()) == []
     need = result.report["search"]["to_certify"]
     best = min(result.report["search"]["candidates"], key=lambda c: c["validation_drop"]["upper_bound_points"])
     assert need["keep"] == best["keep"] and need["max_drop"] >= best["validation_drop"]["upper_bound_points"]
-    again = truncate(trained, None, max_drop=need["max_drop"], budget=1, heal_steps=1, screen_steps=1, images=64)
+    again = truncate(trained, None, max_drop=need["max_drop"], budget=1, heal_steps=1, images=64)
     assert again.cut  # the --max-drop it named certifies a cut
 
 
@@ -101,7 +101,7 @@ def test_one_latency_per_model_the_same_in_every_table(trained):
     rows and the summary show the same figure, and a wall-time speed-up is claimed only beyond the spread."""
     from isiwatch.truncation.truncate_report import candidates_table, report_rows, report_table
 
-    result = truncate(trained, None, max_drop=60, budget=1, heal_steps=1, screen_steps=1, images=64)
+    result = truncate(trained, None, max_drop=60, budget=1, heal_steps=1, images=64)
     report, search = result.report, result.report["search"]
     assert result.cut
     truncated = report["cost"]["truncated"]
@@ -174,7 +174,7 @@ def test_a_class_map_given_or_recorded_numbers_the_folders(trained, named_folder
     recorded = save_checkpoint(tmp_path / "recorded.pt", ARCH, KWARGS, source.state_dict,
                                {"class_map": {name: d for d, name in enumerate(NAMES)}})
     again = truncate(recorded, None, data=named_folder, mean=(0.1307,), std=(0.3081,), max_drop=20, budget=1,
-                     heal_steps=1, screen_steps=1, images=64)
+                     heal_steps=1, images=64)
     assert again.report["labels"]["numbering"] == "class map"
     assert again.report["labels"]["classes"] == {name: d for d, name in enumerate(NAMES)}
 
@@ -229,7 +229,7 @@ def test_the_demo_finishes_and_says_no_certified_cut(tmp_path, monkeypatch):
     import isiwatch.cli.demo as demo_module
 
     tiny = demo_module.DemoSettings(depth=2, epochs=1, lr=3e-3, every_n_steps=16, max_drop=1.0, cut_budget=1,
-                                    screen_steps=1, heal_steps=1, distill=False)
+                                    heal_steps=1, distill=False)
     monkeypatch.setattr(demo_module, "QUICK", tiny)
     lines: list[str] = []
     summary = demo_module.run_demo(tmp_path / "run", quick=True, prometheus_port=None, echo=lines.append,

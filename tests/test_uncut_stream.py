@@ -74,7 +74,9 @@ def test_after_the_first_cut_a_search_fits_and_judges_a_bridge_for_less_than_one
     images = torch.randn(256, 1, 28, 28)
     forward = count_flops(lambda: predict(uncut, images))
     repair = CutRepair(uncut.eval(), images, "lstsq")
-    count_flops(lambda: repair(list(range(8))))  # the first cut stores the stream
-    second = count_flops(lambda: repair(list(range(6))))
+    never = lambda share: False  # noqa: E731  (no disagreement would qualify: each cut is judged, fitted, judged)
+    count_flops(lambda: repair.choose(list(range(8)), never, False))  # the first cut stores the stream
+    second = count_flops(lambda: repair.choose(list(range(6)), never, False))
     assert 0 < second < 0.5 * forward
-    assert repair.chosen[tuple(range(6))][1] is not None  # it was bridged (fitted and judged)
+    assert repair.models[tuple(range(6))]["bridged"][1] is not None  # it was bridged (fitted and judged)
+    assert set(repair.disagreement[tuple(range(6))]) == {"cut", "bridged"}

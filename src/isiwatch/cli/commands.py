@@ -442,11 +442,12 @@ NO_CERTIFIED_CUT = 3
               help="auto: accuracy points a cut may lose.")
 @click.option("--confidence", type=_FiniteRange(0, 1, max_open=True), default=DEFAULT_CONFIDENCE, show_default=True,
               help="auto: confidence that no certified cut loses more than --max-drop: exact upper bounds of the "
-                   "paired validation drop, tested in a fixed order from the fewest blocks dropped (cuts as they "
-                   "are, then healed), each sequence stopping at its first failure; refused before any healing when "
-                   "the validation images cannot certify a cut that changes nothing; 0: the observed drop.")
+                   "paired validation drop, one sequence tested in a fixed order from the fewest blocks dropped, "
+                   "each cut repaired as the healing images choose, stopping at its first failure; refused before "
+                   "any healing when the validation images cannot certify a cut that changes nothing; 0: the "
+                   "observed drop.")
 @click.option("--budget", type=click.IntRange(min=1), default=DEFAULT_BUDGET, show_default=True,
-              help="auto: candidates screened at most.")
+              help="auto: candidates healed at most (each in full).")
 @click.option("--train-last", type=click.IntRange(min=0),
               help="Kept blocks to fine-tune, counted from the end (default: half; auto's cuts that keep fewer train "
                    "all of theirs).")
@@ -455,14 +456,12 @@ NO_CERTIFIED_CUT = 3
 @click.option("--heal-steps", type=click.IntRange(1, MAX_HEAL_STEPS),
               help="Optimizer steps of a full heal (batches of 128; default: --epochs); the bound refuses a slip that "
                    "would heal for ever (more steps than three 300-epoch ImageNet-1k trainings).")
-@click.option("--screen-steps", type=click.IntRange(1, MAX_HEAL_STEPS),
-              help="auto: optimizer steps of each candidate's screening heal (default: a quarter of a full heal); "
-                   "the winner is healed fully.")
 @click.option("--bridge", type=click.Choice(BRIDGE_METHODS), default=DEFAULT_BRIDGE, show_default=True,
-              help="auto: repair each cut without training by a linear map fitted on --images healing images "
+              help="auto: repair a cut without training by a linear map fitted on --images healing images "
                    "(least squares, or refined on cosine distance) and merged into the block before the dropped "
-                   "ones, when that agrees better with the uncut model on those images (no validation image is "
-                   "read); healing starts from the chosen cut; none: cuts as they are and healed only.")
+                   "ones; each cut is tested as it is, bridged or healed, the least repair its disagreement with "
+                   "the uncut model on those images says would qualify (no validation image is read); none: cuts "
+                   "as they are and healed only.")
 @click.option("--resume", is_flag=True,
               help="auto: continue the search journalled in OUT.search.jsonl without healing its finished "
                    "candidates again.")
@@ -501,7 +500,7 @@ NO_CERTIFIED_CUT = 3
 def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval_data: str | None, dataset: str | None,
              train_split: str, val_split: str, class_map: Path | None, strategy: str | None, keep: int | None,
              max_drop: float, confidence: float, budget: int, train_last: int | None, epochs: int,
-             heal_steps: int | None, screen_steps: int | None, bridge: str, resume: bool, lr: float, distill: bool,
+             heal_steps: int | None, bridge: str, resume: bool, lr: float, distill: bool,
              metric: str | None, images: int, fmt: str, report: Path | None, arch: str | None,
              num_heads: int | None, no_ema: bool, seed: int, mean: tuple[float, ...] | None,
              std: tuple[float, ...] | None, progress: bool | None, device: str, devices: int, num_nodes: int,
@@ -509,11 +508,11 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
     fine-tuning its late blocks."""
     ctx = click.get_current_context()
-    search_only = ("max_drop", "confidence", "budget", "screen_steps", "bridge", "resume")
+    search_only = ("max_drop", "confidence", "budget", "bridge", "resume")
     typed = any(ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE for n in search_only)
     auto = (strategy or ("auto" if keep is None else "")) == "auto"
     if typed and not auto:  # a config file's default is no request
-        raise click.UsageError("--max-drop, --confidence, --budget, --screen-steps, --bridge and --resume apply to "
+        raise click.UsageError("--max-drop, --confidence, --budget, --bridge and --resume apply to "
                                "--strategy auto only")
     splits = [n for n in ("train_split", "val_split")
               if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
@@ -535,7 +534,7 @@ def truncate(checkpoint: Path, out: Path, analysis: Path | None, data: str, eval
     try:
         result = truncate(checkpoint, out, analysis=analysis, data=heal_data, eval_data=evaluation, strategy=strategy,
                           keep=keep, max_drop=max_drop, confidence=confidence, budget=budget, train_last=train_last,
-                          epochs=epochs, heal_steps=heal_steps, screen_steps=screen_steps, bridge=bridge,
+                          epochs=epochs, heal_steps=heal_steps, bridge=bridge,
                           journal=journal_path(out) if auto else None, resume=resume, lr=lr, distill=distill,
                           metric=metric, images=images, fmt=fmt, report=report, arch=arch, num_heads=num_heads,
                           prefer_ema=not no_ema, mean=mean, std=std, device=_device(device), seed=seed,

@@ -132,7 +132,7 @@ def explicit_attention(model: nn.Module) -> Iterator[None]:
 class DemoSettings:
     """Model depth, training epochs (32 steps each) and peak learning rate, sampling interval, and the cut:
     ``max_drop`` (points; certified at `DEFAULT_CONFIDENCE` on the 500 validation digits by ``truncate``'s
-    rule), the candidates ``truncate --strategy auto`` may screen, the screening and full healing steps, and
+    rule), the candidates ``truncate --strategy auto`` may heal, the healing steps of each, and
     whether healing distils the uncut model's logits (a healed cut that copies the uncut model's answers has few
     discordant images, so a tight bound)."""
 
@@ -142,17 +142,16 @@ class DemoSettings:
     every_n_steps: int
     max_drop: float
     cut_budget: int
-    screen_steps: int
     heal_steps: int
     distill: bool
 
 
-FULL = DemoSettings(depth=12, epochs=12, lr=2e-3, every_n_steps=16, max_drop=5.0, cut_budget=5, screen_steps=16,
-                    heal_steps=64, distill=True)
+FULL = DemoSettings(depth=12, epochs=12, lr=2e-3, every_n_steps=16, max_drop=5.0, cut_budget=5, heal_steps=64,
+                    distill=True)
 #: 6 blocks for 10 epochs: trained far enough for a cut to mean something (benchmarks/bench_demo.py records the
 #: held-out accuracy of every seed; 6 blocks for 8 epochs fell short on some seeds, and 4 blocks left no cut).
-QUICK = DemoSettings(depth=6, epochs=10, lr=3e-3, every_n_steps=16, max_drop=5.0, cut_budget=3, screen_steps=32,
-                     heal_steps=32, distill=True)
+QUICK = DemoSettings(depth=6, epochs=10, lr=3e-3, every_n_steps=16, max_drop=5.0, cut_budget=3, heal_steps=32,
+                     distill=True)
 
 
 def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", config: str | Path | None = None,
@@ -254,16 +253,16 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
              "pass of the trained (uncut) model, no healing; truncate checks real cuts below")
 
         echo(f"truncate --strategy auto --max-drop {settings.max_drop:g} --confidence {DEFAULT_CONFIDENCE:g} "
-             f"--budget {settings.cut_budget} --screen-steps {settings.screen_steps} --heal-steps "
-             f"{settings.heal_steps}" + (" --distill" if settings.distill else "") + ": the fewest blocks, as cut "
-             f"or healed, whose accuracy drop on the validation digits is certified within {settings.max_drop:g} "
-             f"points at {100 * DEFAULT_CONFIDENCE:g} % confidence")
+             f"--budget {settings.cut_budget} --heal-steps "
+             f"{settings.heal_steps}" + (" --distill" if settings.distill else "") + ": the fewest blocks, as cut, "
+             "bridged or healed, whose accuracy drop on the validation digits is certified within "
+             f"{settings.max_drop:g} points at {100 * DEFAULT_CONFIDENCE:g} % confidence")
         with clock.phase("truncate"):
             # the digits as the tensors already in memory: the same 4,000 healing / 1,000 held-out split, pixels and
             # normalisation as `truncate --data mnist`, without parsing the CSV again and a PIL transform per image
             truncated = truncate(ckpt, out / "truncated.pt", data=(images, labels), analysis=analysis_path,
                                  max_drop=settings.max_drop, confidence=DEFAULT_CONFIDENCE, budget=settings.cut_budget,
-                                 screen_steps=settings.screen_steps, heal_steps=settings.heal_steps,
+                                 heal_steps=settings.heal_steps,
                                  distill=settings.distill, report=out / "truncate_report.json", device=device,
                                  seed=seed, progress=progress, echo=echo)
         echo(candidates_table(truncated.report))

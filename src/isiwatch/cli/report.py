@@ -25,9 +25,9 @@ from ..measure.metric_table import HEATMAP_METRICS, METRIC_TABLE
 from ..measure.plots import plot_curves, plot_heatmaps, plot_plateau_timeline
 from ..measure.tables import analysis_rows, recommendation_text
 from ..measure.vocabulary import PHASES, VOCABULARY, legend, plateau_name
-from ..truncation.explain import depth_story, dropped_line, figures_line, judged
+from ..truncation.explain import depth_story, dropped_line, judged, sequence_line
 from ..truncation.strategies import STRATEGIES
-from ..truncation.truncate_report import latency_cell, no_cut_line, report_rows, verdict_line
+from ..truncation.truncate_report import REPAIRS, choice_cell, latency_cell, no_cut_line, report_rows, verdict_line
 
 
 @dataclass
@@ -322,13 +322,12 @@ def _glossary(columns: Sequence[str]) -> str:
 
 #: Columns of the truncation candidates table, with the candidate field each reads (dotted: nested); a column no
 #: candidate has (a report written before it existed) is left out.
-CANDIDATE_COLUMNS = (("tested", "chain"), ("strategy", "strategy"), ("blocks", "keep"), ("kept", "kept_blocks"),
+CANDIDATE_COLUMNS = (("repair", "repair"), ("heal-image disagreement", "choice"), ("strategy", "strategy"),
+                     ("blocks", "keep"), ("kept", "kept_blocks"),
                      ("heal steps", "healing_steps"), ("images", "validation_drop.images"),
-                     ("val cut", "validation_accuracy.cut"), ("val healed", "validation_accuracy.healed"),
+                     ("val cut", "validation_accuracy.cut"), ("val repaired", "validation_accuracy.healed"),
                      ("drop", "validation_drop.points"), ("upper bound", "validation_drop.upper_bound_points"),
                      ("params", "parameters"), ("MFLOPs/img", "flops_per_image"), ("latency ms (IQR)", "latency_ms"))
-#: What the ``tested`` column says for each sequence of the search.
-TESTED = {"cut": "as cut", "healed": "screening heal"}
 KNOWN_CANDIDATE_FIELDS = {key.split(".")[0] for _, key in CANDIDATE_COLUMNS} | {
     "qualifies", "winner", "resumed", "latency_quartiles_ms", "latency_batch"}
 
@@ -345,8 +344,10 @@ def _cell(key: str, value: object) -> object:
         return "–"
     if isinstance(value, list):
         return ",".join(map(str, value))
-    if key == "chain":
-        return TESTED.get(str(value), value)
+    if key == "repair":
+        return REPAIRS.get(str(value), value)
+    if key == "choice" and isinstance(value, dict):
+        return choice_cell(value)
     if key == "flops_per_image" and isinstance(value, (int, float)):
         return value / 1e6
     if key.startswith("validation_drop.") and key != "validation_drop.images" and isinstance(value, (int, float)):
@@ -374,22 +375,9 @@ def _rule_caption(search: dict[str, Any]) -> str:
                          "the bound when too few images tell the two apart")
         else:
             parts.append(f"a cut qualifies when its observed validation drop (a point estimate) is at most {points}")
-    parts.append("drop and upper bound in accuracy points; a screening heal is the search's short heal, the full "
-                 "heal the winner's final one")
+    parts.append("drop and upper bound in accuracy points; each cut's repair was chosen before the test, on the "
+                 "healing images: the least whose disagreement with the uncut model there would qualify")
     return "; ".join(parts)
-
-
-def _full_heal_row(search: dict[str, Any], columns: Sequence[tuple[str, str]]) -> list[object] | None:
-    """The winner healed afresh in full, as a row of the candidates table (its final figures), or None."""
-    full, winner = search.get("full_heal"), search.get("winner")
-    if not isinstance(full, dict) or not isinstance(winner, dict):
-        return None
-    record = {**winner, "chain": "full heal (final)", "healing_steps": full.get("healing_steps"),
-              "validation_drop": full.get("validation_drop"),
-              "validation_accuracy": {**winner.get("validation_accuracy", {}),
-                                      "healed": full.get("validation_accuracy")}}
-    verdict = "kept (final)" if full.get("qualifies") else "not certified: the screened model is kept"
-    return [_cell(key, _field(record, key)) for _, key in columns] + [verdict]
 
 
 def _verdict(report: dict[str, Any]) -> str:
@@ -401,8 +389,8 @@ def _verdict(report: dict[str, Any]) -> str:
 
 
 def _candidates(report: dict[str, Any]) -> str:
-    """The cuts ``auto`` tested, in testing order, each with its validation images, drop, upper bound and
-    verdict, then the winner's full heal (its final figures); the rule above, the verdict below. Fields a report
+    """The cuts ``auto`` tested, in its one fixed order, each with its repair and what chose it, its validation
+    images, drop, upper bound and verdict; the rule above, the verdict below. Fields a report
     lacks are left out; fields this page does not know are shown as they are."""
     search = report["search"]
     candidates = [c for c in search.get("candidates") or [] if isinstance(c, dict)]
@@ -413,15 +401,14 @@ def _candidates(report: dict[str, Any]) -> str:
     extra += ["resumed"] if resumed else []
     header = [label for label, _ in columns] + extra + ["verdict"]
     rows = [[_cell(key, _field(c, key)) for _, key in columns] + [_cell(k, c.get(k)) for k in extra]
-            + ["winner" if c.get("winner") else "within the bound" if c.get("qualifies") else "outside the bound"]
+            + ["winner" if c.get("winner") else "within the bound" if c.get("qualifies")
+               else "outside the bound: the sequence stops"]
             for c in candidates]
     if "latency_ms" in (key for _, key in columns):  # the median with its spread, as the terminal shows it
         at = [key for _, key in columns].index("latency_ms")
         for row, c in zip(rows, candidates, strict=True):
             row[at] = latency_cell(c) if _number(c.get("latency_ms")) else row[at]
-    if rows and (final := _full_heal_row(search, columns)) is not None:
-        rows.append(final[:len(columns)] + ["–"] * len(extra) + final[len(columns):])
-    after = [line for line in (figures_line(report), _verdict(report), no_cut_line(report)) if line]
+    after = [line for line in (sequence_line(report), _verdict(report), no_cut_line(report)) if line]
     return (f"<p>{html.escape(_rule_caption(search))}</p>" + (_table(header, rows) if rows else "<p>No candidates.</p>")
             + "".join(f"<p>{html.escape(line)}</p>" for line in after))
 

@@ -11,14 +11,14 @@ whatever the true rates) and conservative.
 A search tests many candidates and keeps the cheapest that qualifies, so the chance that *any* qualifying
 candidate's true drop exceeds ``max_drop`` (the family-wise error) must stay at most 1 − confidence.
 `SearchGuarantee` controls it by fixed-sequence testing (the Learn-then-Test framework, Angelopoulos et al. 2021):
-the candidates are tested in an order fixed before any validation image is seen, each at the full level of its
-sequence, and a sequence stops at its first candidate that does not qualify; the qualifying ones are the prefix
-before it. A sequence rejects a true null (a candidate whose true drop exceeds ``max_drop``) only by rejecting its
-first true null, which happens with probability at most the level, so the sequence errs at most that often,
-whatever its length, and any choice among its qualifying candidates is certified. The auto search runs two such
-sequences, the cuts as they are and the cuts healed, and, when the winner is healed once more, tests that heal on
-its own; the error 1 − confidence is split evenly over those parts (Bonferroni), the last further over the
-positions the winner can take. ``confidence`` 0 is the plain point estimate (the validation drop itself).
+the candidates — each cut together with the repair it will be tested with — are put in an order fixed before any
+validation image is seen, each is tested at the whole level α = 1 − confidence, and the sequence stops at its first
+candidate that does not qualify; the qualifying ones are the prefix before it. The sequence rejects a true null (a
+candidate whose true drop exceeds ``max_drop``) only by rejecting its first true null, which happens with
+probability at most α, so the search errs at most that often, whatever its length, and any choice among its
+qualifying candidates is certified. A repair (bridge, heal) is chosen on healing images only, so it is part of the
+fixed order and costs none of α; the model tested is the model written. ``confidence`` 0 is the plain point
+estimate (the validation drop itself).
 
 Imports only the standard library and, for the beta quantiles, SciPy (loaded when a bound is computed).
 """
@@ -158,49 +158,32 @@ class AcceptanceRule:
         return {"alpha": self.alpha, "images_needed": self.images_needed()}
 
 
-#: The parts of the auto search's family, in the order it tests them: the cuts as they are (no healing), the
-#: cuts healed (screened), and the winner healed again in full.
-PARTS = ("cut", "healed", "full heal")
-
-
 @dataclass(frozen=True)
 class SearchGuarantee:
-    """The error control of the auto search (see the module docstring): ``max_drop`` points at ``confidence``
-    over the ``parts`` it tests, the first `PARTS` (the cuts as they are; healed, when healing takes any step;
-    the winner's full heal, when screening is shorter), the healed candidates at most ``positions``."""
+    """The error control of the auto search (see the module docstring): ``max_drop`` points at ``confidence``,
+    the whole error 1 − confidence spent on one fixed sequence of candidates, each repaired before it is tested."""
 
     max_drop: float
     confidence: float
-    positions: int
-    parts: tuple[str, ...] = PARTS
 
     def __post_init__(self) -> None:
         if not 0 <= self.confidence < 1:
             raise ValueError(f"confidence must be at least 0 and below 1, got {self.confidence}")
-        if self.positions < 1:
-            raise ValueError(f"positions must be at least 1, got {self.positions}")
-        if self.parts not in (PARTS[:1], PARTS[:2], PARTS):
-            raise ValueError(f"parts must be the first 1, 2 or 3 of {PARTS}, got {self.parts}")
 
     @property
-    def rehealed(self) -> bool:
-        """Whether the winner's full heal is tested on its own."""
-        return "full heal" in self.parts
+    def alpha(self) -> float:
+        """The level every candidate of the sequence is tested at: 1 − confidence (1: the point estimate)."""
+        return 1.0 if self.confidence == 0 else 1 - self.confidence
 
-    def rule(self, part: str) -> AcceptanceRule:
-        """The rule of one part of the family: its share of 1 − confidence, each sequence tested at its full
-        share; the full heal's share divided over the positions the winner can take."""
-        if part not in self.parts:
-            raise ValueError(f"unknown part {part!r}; the search tests {', '.join(self.parts)}")
-        if self.confidence == 0:
-            return AcceptanceRule(self.max_drop, 1.0)
-        share = (1 - self.confidence) / len(self.parts)
-        return AcceptanceRule(self.max_drop, share / self.positions if part == "full heal" else share)
+    @property
+    def rule(self) -> AcceptanceRule:
+        """The rule every candidate of the sequence is judged by."""
+        return AcceptanceRule(self.max_drop, self.alpha)
 
     def images_needed(self) -> int | None:
-        """The fewest validation images on which a cut that changes no prediction qualifies (in the sequence of
-        cuts as they are); None when no number does."""
-        return self.rule("cut").images_needed()
+        """The fewest validation images on which a cut that changes no prediction qualifies; None when no
+        number does."""
+        return self.rule.images_needed()
 
     def certifiable(self, images: int) -> bool:
         """Whether any cut can qualify on ``images`` validation images."""
@@ -213,12 +196,10 @@ class SearchGuarantee:
         if self.confidence == 0:
             return f"validation drop within {points} (point estimate)"
         return (f"upper {100 * self.confidence:g} % confidence bound of the validation drop within {points} "
-                f"(exact; fixed-sequence testing, {len(self.parts)} parts)")
+                f"(exact; one fixed sequence at alpha {self.alpha:g})")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"max_drop": self.max_drop, "confidence": self.confidence, "positions": self.positions,
+        return {"max_drop": self.max_drop, "confidence": self.confidence, "alpha": self.alpha,
                 "method": "point estimate" if self.confidence == 0 else
-                "Clopper-Pearson on each discordant count at alpha/2; fixed-sequence testing in each part, "
-                "Bonferroni over the parts",
-                "parts": {part: self.rule(part).to_dict() for part in self.parts},
+                "Clopper-Pearson on each discordant count at alpha/2; one fixed sequence at the whole alpha",
                 "images_needed": self.images_needed()}

@@ -1,8 +1,8 @@
 """The truncation report in sentences, for the terminal and the HTML report alike, so both tell one story: what
 the recommended depth and the cut each mean and why they differ (`depth_story`), why the strategy dropped the
-blocks it dropped (`dropped_line`), and which figures come from a screening heal and which from the full heal
-(`figures_line`). Each reads only the report dict (``truncate_report.json``); fields an older report lacks leave
-their part out."""
+blocks it dropped (`dropped_line`), and the one sequence the search tested: its level, where it stopped and how
+each candidate's repair was chosen (`sequence_line`). Each reads only the report dict (``truncate_report.json``);
+fields an older report lacks leave their part out."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 
 from ..measure.phases import plateau_name
 from .strategies import STRATEGIES
+from .truncate_report import REPAIRS
 
-__all__ = ["depth_story", "dropped_line", "figures_line", "judged", "story_lines"]
+__all__ = ["depth_story", "dropped_line", "judged", "sequence_line", "story_lines"]
 
 
 def _points(value: float) -> str:
@@ -23,29 +24,22 @@ def _blocks(blocks: list[int]) -> str:
 
 
 def judged(search: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
-    """The figures the search's answer stands on, and what they are: the winner's full heal when it was healed
-    again and that heal qualified ("full heal"), else the winner's own row ("as cut" or "screening heal"); None
-    when nothing was cut."""
+    """The figures the search's answer stands on, the winner's row (the model it tested is the one written), and
+    its repair in words (`REPAIRS`); None when nothing was cut."""
     winner = search.get("winner")
     if not winner:
         return None
-    full = search.get("full_heal")
-    if full and full.get("qualifies"):
-        return full, "full heal"
-    return winner, "as cut" if winner.get("chain") == "cut" or not winner.get("healing_steps") else "screening heal"
+    return winner, REPAIRS.get(str(winner.get("repair")), "as cut")
 
 
 def _validated(search: dict[str, Any], record: dict[str, Any], kind: str) -> str:
-    """How the cut was certified: its validation drop (``record``'s, a ``kind`` of `judged`) against the rule."""
+    """How the cut was certified: its validation drop (``record``'s, repaired as ``kind`` says) against the rule."""
     steps = record.get("healing_steps", 0)
-    whole = "" if steps < search.get("heal_steps", steps + 1) else ", as many as a full heal"
-    as_cut = "bridged, without healing" if record.get("bridge") else "as cut, without healing"
-    how = {"full heal": f"after its full heal ({steps} steps)", "as cut": as_cut,
-           "screening heal": f"after its screening heal ({steps} steps{whole})"}[kind]
+    how = f"{kind} ({steps} healing steps)" if steps else f"{kind}, without healing"
     drop, confidence = record["validation_drop"], search.get("confidence") or 0
     bound = (f"at {100 * confidence:g} % confidence (upper bound {drop['upper_bound_points']:.2f})"
              if confidence else f"(observed {drop['points']:.2f}, a point estimate)")
-    return f"validation drop within {_points(search['max_drop'])} {bound} {how}"
+    return f"validation drop within {_points(search['max_drop'])} {bound}, {how}"
 
 
 def _phases_line(report: dict[str, Any]) -> str | None:
@@ -82,7 +76,7 @@ def depth_story(report: dict[str, Any]) -> list[str] | None:
               f"certified: {_validated(search, *figures)}"]
     if kept < recommended:
         lines.append("why they differ: " + ("one analysis pass cannot see what healing recovers; the search "
-                                            "measured real cuts" if figures[1] != "as cut" else
+                                            "measured real cuts" if "healed" in figures[1] else
                                             "the search measured what real cuts lose, which one analysis pass "
                                             "cannot see"))
     elif kept > recommended:
@@ -101,7 +95,7 @@ def _first_failure(search: dict[str, Any], kept: int) -> str:
     if not failed:
         return " (the candidate budget ran out first)"
     first = max(failed, key=lambda c: c["keep"])
-    how = "as cut" if first.get("chain") == "cut" else "screened"
+    how = REPAIRS.get(str(first.get("repair")), "as cut")
     return (f": the first that failed, keeping {first['keep']} ({how}), had an upper bound of "
             f"{first['validation_drop']['upper_bound_points']:.2f} points > {search['max_drop']:g}")
 
@@ -125,23 +119,27 @@ def dropped_line(report: dict[str, Any]) -> str | None:
     return line
 
 
-def figures_line(report: dict[str, Any]) -> str | None:
-    """Which figures are screening and which final, when the winner was screened and then healed in full: its
-    candidate row (the screening heal) and the verdict (the full heal, healed afresh) differ for that reason."""
+def sequence_line(report: dict[str, Any]) -> str | None:
+    """The one sequence an ``auto`` search tested: how many candidates, at which level, where it stopped, and how
+    the repairs were chosen; None for a fixed strategy or a report without it."""
     search = report.get("search")
-    if not isinstance(search, dict) or not search.get("winner") or not search.get("full_heal"):
+    if not isinstance(search, dict) or "stopped_at" not in search or not search.get("candidates"):
         return None
-    winner, full = search["winner"], search["full_heal"]
-    row, final = winner["validation_drop"], full["validation_drop"]
-    kept = "kept" if full.get("qualifies") else "not certified, so the screened model is kept"
-    return (f"figures: the healed candidate rows are screening heals ({winner['healing_steps']} steps); the winner "
-            f"was then healed afresh in full ({full['healing_steps']} steps, {kept}): drop {final['points']:.2f}, "
-            f"upper bound {final['upper_bound_points']:.2f} points, against {row['points']:.2f} and "
-            f"{row['upper_bound_points']:.2f} on its screening row")
+    tested, rule = search["candidates"], search.get("rule") or {}
+    level = f"at alpha {rule['alpha']:g}" if search.get("confidence") else "by the point estimate"
+    stopped = search["stopped_at"]
+    failed = next((c for c in tested if not c["qualifies"]), None)
+    where = ("every candidate tested qualified" if failed is None else
+             f"it stopped at {stopped} blocks ({REPAIRS.get(str(failed.get('repair')), 'as cut')}, upper bound "
+             f"{failed['validation_drop']['upper_bound_points']:.2f} > {search['max_drop']:g} points)")
+    repairs = ", ".join(f"{n} {REPAIRS[r]}" for r in REPAIRS if (n := sum(c.get("repair") == r for c in tested)))
+    return (f"sequence: {len(tested)} of {search.get('order', len(tested))} candidates tested in one fixed order "
+            f"{level}, each repaired before the test as its disagreement with the uncut model on the healing "
+            f"images chose ({repairs}); {where}")
 
 
 def story_lines(report: dict[str, Any]) -> list[str]:
     """What the terminal prints after the verdict (``isiwatch truncate`` and ``isiwatch demo`` alike): the
-    depth story (`depth_story`), the dropped blocks and why, which figures are screening and which final."""
+    depth story (`depth_story`), the dropped blocks and why, the sequence tested."""
     return [*(depth_story(report) or []),
-            *(line for line in (dropped_line(report), figures_line(report)) if line)]
+            *(line for line in (dropped_line(report), sequence_line(report)) if line)]

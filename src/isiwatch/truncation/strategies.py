@@ -121,15 +121,13 @@ DEFAULT_STRATEGY = "bi"
 AUTO_STRATEGIES = tuple(name for _, name in sorted((s.auto_rank, s.name) for s in STRATEGIES.values()
                                                    if s.auto_rank is not None))
 #: Defaults: accuracy loss allowed (points), confidence of its bound (0: the point estimate) and candidates
-#: healed at most.
+#: healed at most (each in full).
 DEFAULT_MAX_DROP = 1.0
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_BUDGET = 16
 #: Healing defaults: a short fine-tune of already trained weights.
 HEAL_EPOCHS = 2
 HEAL_LR = 1e-3
-#: A screening heal is this share of the full heal's optimizer steps (at least one step).
-SCREEN_FRACTION = 0.25
 #: Fits of the linear bridge (`isiwatch.truncation.bridge`); "none" leaves a cut as it is. Least squares is the
 #: default: closed form, deterministic and one pass over the calibration images.
 BRIDGE_METHODS = ("lstsq", "cosine", "none")
@@ -168,8 +166,7 @@ def choose_blocks(name: str, depth: int, keep: int, *, phases: Phases | None = N
 
 
 def check_search_options(max_drop: float, budget: int, confidence: float = DEFAULT_CONFIDENCE,
-                         heal_steps: int | None = None, screen_steps: int | None = None,
-                         bridge: str = DEFAULT_BRIDGE) -> None:
+                         heal_steps: int | None = None, bridge: str = DEFAULT_BRIDGE) -> None:
     """One-line errors for an impossible request, before any work."""
     if bridge not in BRIDGE_METHODS:
         raise OptionError("unknown {bridge} fit {value!r}; choose one of " + ", ".join(BRIDGE_METHODS), value=bridge)
@@ -179,9 +176,5 @@ def check_search_options(max_drop: float, budget: int, confidence: float = DEFAU
         raise OptionError("{budget} must be at least 1 candidate, got {value}", value=budget)
     if not 0 <= confidence < 1:
         raise OptionError("{confidence} must be at least 0 and below 1, got {value}", value=confidence)
-    for name, steps in (("heal_steps", heal_steps), ("screen_steps", screen_steps)):
-        if steps is not None and steps < 1:
-            raise OptionError(f"{{{name}}} must be at least 1 optimizer step, got {{value}}", value=steps)
-    if heal_steps is not None and screen_steps is not None and screen_steps > heal_steps:
-        raise OptionError("{screen_steps} ({short}) cannot exceed {heal_steps} ({full}): screening is the short heal",
-                          short=screen_steps, full=heal_steps)
+    if heal_steps is not None and heal_steps < 1:
+        raise OptionError("{heal_steps} must be at least 1 optimizer step, got {value}", value=heal_steps)

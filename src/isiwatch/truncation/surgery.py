@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, nn
@@ -19,7 +21,7 @@ from .classifier_layout import block_list, block_path, with_blocks
 from .strategies import DEFAULT_STRATEGY, CutInputs, choose_blocks, get_strategy
 from .uncut_stream import UncutStream
 
-__all__ = ["CutRepair", "cut", "cut_vit", "measure_inputs"]
+__all__ = ["CutRepair", "RepairChoice", "cut", "cut_vit", "measure_inputs"]
 
 
 def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
@@ -41,48 +43,91 @@ def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
     return cut
 
 
-class CutRepair:
-    """The cuts of ``uncut`` an ``auto`` search tests, each bridged (``method``) when the bridged cut agrees with
-    the uncut model's predictions on more of the calibration ``images`` (healing images) than the cut as it is:
-    a choice that reads no validation image, so it belongs to the search's fixed order. Each cut is fitted once,
-    on the uncut stream kept between cuts (`UncutStream`); ``to_dict`` sums the calibration cost."""
+@dataclass
+class RepairChoice:
+    """How one cut is repaired before the search tests it: ``model`` (a fresh copy of the cut as it is or
+    bridged), its bridge's record (`BridgeFit.to_dict`; None: not bridged), whether to ``heal`` it and ``record``,
+    what the choice read (`CutRepair.choose`)."""
 
-    def __init__(self, uncut: nn.Module, images: Tensor | None, method: str = DEFAULT_BRIDGE):
-        if method != "none" and images is None:
-            raise ValueError("a bridge needs calibration images")
+    model: nn.Module
+    bridge: dict[str, Any] | None
+    heal: bool
+    record: dict[str, Any]
+
+    @property
+    def repair(self) -> str:
+        """"none", "bridge", "heal" or "bridge+heal"."""
+        return "+".join(n for n, done in (("bridge", self.bridge is not None), ("heal", self.heal)) if done) or "none"
+
+
+class CutRepair:
+    """The repair of each cut of ``uncut`` an ``auto`` search tests, chosen on the calibration ``images`` (healing
+    images, never validation ones), the least repair first: the cut as it is when its disagreement with the uncut
+    model's predictions there would qualify (``enough``), else bridged (``method``) when that would, else healed
+    (when the caller may heal) from whichever of the two disagrees less. The choice reads no validation image, so
+    it belongs to the search's fixed order. Each cut is judged and fitted once, on the uncut stream kept between
+    cuts (`UncutStream`): a cut runs only from its first dropped block, and only when there is a choice to make."""
+
+    def __init__(self, uncut: nn.Module, images: Tensor, method: str = DEFAULT_BRIDGE):
         self.uncut, self.images, self.method = uncut, images, method
-        self.stream = None if images is None or method == "none" else UncutStream(uncut, images)
-        self.chosen: dict[tuple[int, ...], tuple[nn.Module, dict[str, Any] | None]] = {}
+        self.stream = UncutStream(uncut, images)
+        self.models: dict[tuple[int, ...], dict[str, tuple[nn.Module, dict[str, Any] | None]]] = {}
+        self.disagreement: dict[tuple[int, ...], dict[str, float]] = {}
         self.seconds = 0.0
 
-    def __call__(self, kept: list[int]) -> tuple[nn.Module, dict[str, Any] | None]:
-        """A fresh copy of the cut keeping ``kept``, bridged or not, and its bridge's record (None: not bridged)."""
-        key = tuple(kept)
-        if key not in self.chosen:
-            self.chosen[key] = self._choose(kept)
-        model, fit = self.chosen[key]
-        return copy.deepcopy(model), fit
+    def choose(self, kept: list[int], enough: Callable[[float], bool], may_heal: bool) -> RepairChoice:
+        """The repair of the cut keeping ``kept``: ``enough(disagreement)`` says whether a cut disagreeing with the
+        uncut model on that share of the calibration images would qualify; ``may_heal``: healing is allowed."""
+        if self.method == "none" and not may_heal:  # nothing to choose from: no pass
+            return self._chosen(kept, "cut", False)
+        for name in ("cut", "bridged"):
+            if name == "bridged" and not self.bridged(kept):
+                break
+            if enough(self.judge(kept, name)):
+                return self._chosen(kept, name, False)
+        tried = self.disagreement[tuple(kept)]
+        return self._chosen(kept, min(tried, key=lambda n: tried[n]), may_heal)  # ties: as cut
 
-    def _choose(self, kept: list[int]) -> tuple[nn.Module, dict[str, Any] | None]:
-        cut = cut_vit(self.uncut, kept)
-        if self.stream is None:
-            return cut, None
-        start = time.perf_counter()
-        reference = self.stream.reference  # first: its pass also stores the whole stream
-        bridged = copy.deepcopy(cut)
-        fit = bridge_cut(self.uncut, bridged, kept, self.stream.images, self.method, self.stream)
-        resume = resume_position(kept)
-        agree = {name: float((self.stream.predictions(m, resume) == reference).float().mean())
-                 for name, m in (("cut", cut), ("bridged", bridged))}
-        self.seconds += time.perf_counter() - start
-        record = {**fit.to_dict(), "calibration_agreement": agree}
-        return (bridged, record) if agree["bridged"] > agree["cut"] and fit.bridged else (cut, None)
+    def judge(self, kept: list[int], name: str) -> float:
+        """The share of the calibration images on which the cut keeping ``kept`` (``name``: "cut" as it is,
+        "bridged") predicts another class than the uncut model (measured once, from its first dropped block)."""
+        tried = self.disagreement.setdefault(tuple(kept), {})
+        if name not in tried:
+            start = time.perf_counter()
+            predictions = self.stream.predictions(self.variants(kept)[name][0], resume_position(kept))
+            tried[name] = float((predictions != self.stream.reference).float().mean())
+            self.seconds += time.perf_counter() - start
+        return tried[name]
+
+    def bridged(self, kept: list[int]) -> bool:
+        """Fit the bridged cut keeping ``kept`` (once); whether there is one (a bridge fit asked, a run to bridge)."""
+        models = self.variants(kept)
+        if self.method != "none" and "bridged" not in models:
+            start = time.perf_counter()
+            bridged = copy.deepcopy(models["cut"][0])
+            fit = bridge_cut(self.uncut, bridged, kept, self.images, self.method, self.stream)
+            models["bridged"] = (bridged, fit.to_dict() if fit.bridged else None)
+            self.seconds += time.perf_counter() - start
+        return "bridged" in models and models["bridged"][1] is not None
+
+    def variants(self, kept: list[int]) -> dict[str, tuple[nn.Module, dict[str, Any] | None]]:
+        """The cut keeping ``kept`` as it is ("cut") and, once fitted, bridged ("bridged"), each with its bridge's
+        record (None: not bridged)."""
+        return self.models.setdefault(tuple(kept), {"cut": (cut_vit(self.uncut, kept), None)})
+
+    def _chosen(self, kept: list[int], name: str, heal: bool) -> RepairChoice:
+        model, fit = self.variants(kept)[name]
+        record = {"calibration_images": len(self.images), "disagreement": dict(self.disagreement.get(tuple(kept), {})),
+                  "base": "as cut" if name == "cut" else "bridged", "heal": heal}
+        return RepairChoice(copy.deepcopy(model), fit, heal, record)
 
     def to_dict(self) -> dict[str, Any]:
-        """The bridge's settings and what fitting and choosing cost over every cut (seconds, images)."""
+        """The bridge's settings and what judging and fitting cost over every cut (seconds, images)."""
         return {"method": self.method, "ridge": None if self.method == "none" else RIDGE,
-                "calibration_images": 0 if self.images is None else len(self.images), "cuts_fitted": len(self.chosen)
-                if self.stream is not None else 0, "calibration_seconds": self.seconds}
+                "calibration_images": len(self.images),
+                "cuts_judged": sum(bool(tried) for tried in self.disagreement.values()),
+                "cuts_fitted": sum(m.get("bridged", (None, None))[1] is not None for m in self.models.values()),
+                "calibration_seconds": self.seconds}
 
 
 def phases_of(analysis: Analysis, metric: str) -> Phases | None:

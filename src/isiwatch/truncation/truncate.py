@@ -43,7 +43,7 @@ from ..measure.phases import Phases
 from ..taps import vit_parts
 from .bridge import check_bridgeable
 from .classifier_layout import block_list
-from .confidence import PARTS, PairedDrop, SearchGuarantee, above_chance
+from .confidence import PairedDrop, SearchGuarantee, above_chance
 from .cost import model_costs
 from .data_split import NAMED, Data, Split, load_split
 from .engine import FabricOptions
@@ -58,7 +58,6 @@ from .strategies import (
     DEFAULT_STRATEGY,
     HEAL_EPOCHS,
     HEAL_LR,
-    SCREEN_FRACTION,
     STRATEGIES,
     CutInputs,
     check_search_options,
@@ -67,7 +66,7 @@ from .strategies import (
     inputs_needed,
 )
 from .surgery import CutRepair, cut_vit, measure_inputs
-from .truncate_report import candidates_table, measure, report_table
+from .truncate_report import REPAIRS, candidates_table, measure, report_table
 
 if TYPE_CHECKING:
     from lightning_fabric import Fabric
@@ -130,7 +129,6 @@ class TruncateRequest:
     train_last: int | None = None
     epochs: int = HEAL_EPOCHS
     heal_steps: int | None = None
-    screen_steps: int | None = None
     bridge: str = DEFAULT_BRIDGE
     journal: Path | None = None
     resume: bool = False
@@ -174,8 +172,7 @@ class TruncateRequest:
             get_strategy(self.strategy)
         elif self.keep is not None:
             raise OptionError("{keep} fixes the depth; it cannot be combined with {strategy:'auto'}")
-        check_search_options(self.max_drop, self.budget, self.confidence, self.heal_steps, self.screen_steps,
-                             self.bridge)
+        check_search_options(self.max_drop, self.budget, self.confidence, self.heal_steps, self.bridge)
         if self.resume and self.journal is None:
             raise OptionError("{resume} continues the search journalled in {journal}; give one (the command line "
                               "keeps it beside {out})")
@@ -253,18 +250,12 @@ class TruncationPlan:
     @property
     def heal_steps(self) -> int:
         """Optimizer steps of a full heal: ``heal_steps``, else ``epochs`` passes over the healing images."""
-        return _heal_steps(self.request, self.split)[1]
-
-    @property
-    def screen_steps(self) -> int:
-        """Optimizer steps of a screening heal (``auto``): ``screen_steps``, else `SCREEN_FRACTION` of the
-        full heal (at least one step, at most all of them)."""
-        return _heal_steps(self.request, self.split)[0]
+        return _heal_steps(self.request, self.split)
 
     @property
     def guarantee(self) -> SearchGuarantee:
         """The error control of the ``auto`` search (`search_guarantee`)."""
-        return search_guarantee(self.request, self.split, self.depth)
+        return search_guarantee(self.request)
 
     def heal(self, model: nn.Module, steps: int, progress: bool = False) -> int:
         """Heal ``model`` (a cut of the uncut model) for ``steps`` optimizer steps on the healing images."""
@@ -283,22 +274,15 @@ def _steps_per_epoch(split: Split) -> int:
     return max(1, math.ceil(len(images) / HEAL_BATCH) if isinstance(images, Tensor) else len(images))
 
 
-def _heal_steps(request: TruncateRequest, split: Split) -> tuple[int, int]:
-    """Optimizer steps of a screening heal and of a full heal (see the `TruncationPlan` properties)."""
+def _heal_steps(request: TruncateRequest, split: Split) -> int:
+    """Optimizer steps of a full heal (`TruncationPlan.heal_steps`)."""
     r = request
-    full = r.heal_steps if r.heal_steps is not None else r.epochs * _steps_per_epoch(split)
-    screen = r.screen_steps if r.screen_steps is not None else max(1, round(SCREEN_FRACTION * full))
-    return min(screen, full), full
+    return r.heal_steps if r.heal_steps is not None else r.epochs * _steps_per_epoch(split)
 
 
-def search_guarantee(request: TruncateRequest, split: Split, depth: int) -> SearchGuarantee:
-    """The ``auto`` search's error control: ``max_drop`` at ``confidence`` over at most ``budget`` healed
-    candidates (and as many cuts) of a ``depth``-block model: the cuts, then healed unless healing takes no step,
-    and the winner's full heal on its own when screening is shorter."""
-    r = request
-    screen, full = _heal_steps(r, split)
-    return SearchGuarantee(r.max_drop, r.confidence, max(1, min(r.budget, depth - 1)),
-                           PARTS[:1 + (full > 0) + (screen < full)])
+def search_guarantee(request: TruncateRequest) -> SearchGuarantee:
+    """The ``auto`` search's error control: ``max_drop`` at ``confidence``, one fixed sequence."""
+    return SearchGuarantee(request.max_drop, request.confidence)
 
 
 def _check_certifiable(request: TruncateRequest, guarantee: SearchGuarantee, images: int) -> str:
@@ -416,7 +400,7 @@ def plan(request: TruncateRequest) -> TruncationPlan:
                        fabric=fabric, class_map=_class_map(r, ckpt))
     uncut_test = None
     if r.strategy == "auto":
-        line = _check_certifiable(r, search_guarantee(r, split, depth), len(split.val_y))
+        line = _check_certifiable(r, search_guarantee(r), len(split.val_y))
         if r.bridge != "none":
             check_bridgeable(uncut, first_images(split.probe_x, 2)[0].to(fabric.device))
         uncut_test = _check_labels(r, uncut, split)
@@ -569,11 +553,10 @@ def to_certify(search: dict[str, Any], guarantee: SearchGuarantee) -> dict[str, 
         return None
     best = min(search["candidates"], key=lambda c: (c["validation_drop"]["upper_bound_points"], c["keep"]))
     drop = best["validation_drop"]
-    part = best["chain"] if best["chain"] in guarantee.parts else "healed"
     pair = PairedDrop(drop["images"], drop["uncut_only"], drop["cut_only"])
-    return {"strategy": best["strategy"], "keep": best["keep"], "chain": best["chain"],
+    return {"strategy": best["strategy"], "keep": best["keep"], "repair": best["repair"],
             "max_drop": math.ceil(round(100 * drop["upper_bound_points"], 6)) / 100,
-            "validation_images": guarantee.rule(part).images_to_qualify(pair)}
+            "validation_images": guarantee.rule.images_to_qualify(pair)}
 
 
 def _write_model(plan: TruncationPlan, execution: Execution, result: dict[str, Any], out: Path) -> Path:
@@ -656,7 +639,6 @@ def truncate(
     train_last: int | None = None,
     epochs: int = HEAL_EPOCHS,
     heal_steps: int | None = None,
-    screen_steps: int | None = None,
     bridge: str = DEFAULT_BRIDGE,
     journal: str | Path | None = None,
     resume: bool = False,
@@ -719,18 +701,17 @@ def truncate(
             paired drop, fixed-sequence testing; `isiwatch.truncation.confidence`); 0: the observed validation
             drop (a point estimate). Refused before any healing when the validation images cannot certify even
             a cut that changes no prediction.
-        budget: ``auto``: candidates healed (screened) at most; the cuts as they are cost no healing.
+        budget: ``auto``: candidates healed at most (each in full); cuts tested as they are or bridged cost no
+            healing.
         train_last: Kept blocks to fine-tune, counted from the end (``auto``'s cuts that keep fewer train all of
             theirs); None: the late half.
         epochs: Healing epochs (0: cut only), when ``heal_steps`` is None.
         heal_steps: Optimizer steps of a full heal (batches of 128 images); None: ``epochs`` passes.
-        screen_steps: ``auto``: optimizer steps of each candidate's screening heal; None: a quarter of
-            ``heal_steps`` (at least 1).
         bridge: ``auto``: the linear bridge that repairs a cut without training (`isiwatch.truncation.bridge`):
             ``"lstsq"`` (least squares, closed form), ``"cosine"`` (ReplaceMe's cosine-distance refinement) or
             ``"none"``; fitted on the first ``images`` healing images and merged into the kept block before each
-            dropped run, so the cut stays a plain shallower model. A cut is bridged (before any healing) when
-            that agrees better with the uncut model on those images; the guarantee is unchanged.
+            dropped run, so the cut stays a plain shallower model. Each candidate's repair is chosen on those
+            images, the least first: as it is, bridged, then healed (`CutRepair`); the guarantee is unchanged.
         journal: ``auto``: a JSON-lines file the search appends each finished candidate to.
         resume: ``auto``: take the candidates an interrupted run of the same search left in ``journal``
             instead of healing them again.
@@ -779,7 +760,7 @@ def truncate(
     return _run(TruncateRequest(
         source, out=None if out is None else Path(out), analysis=None if analysis is None else Path(analysis),
         data=data, eval_data=eval_data, strategy=strategy, keep=keep, max_drop=max_drop, confidence=confidence,
-        budget=budget, train_last=train_last, epochs=epochs, heal_steps=heal_steps, screen_steps=screen_steps,
+        budget=budget, train_last=train_last, epochs=epochs, heal_steps=heal_steps,
         bridge=bridge, journal=None if journal is None else Path(journal), resume=resume, lr=lr, distill=distill,
         metric=metric, images=images, fmt=fmt,
         report=None if report is None else Path(report), arch=arch, num_heads=num_heads, prefer_ema=prefer_ema,
@@ -803,8 +784,8 @@ def _search_header(plan: TruncationPlan, guarantee: SearchGuarantee, uncut_corre
     r = plan.request
     return {"source_sha256": plan.checkpoint.sha256, "depth": plan.depth,
             "data": plan.split.data, "uncut_validation_correct": int(uncut_correct.sum()),
-            "rule": guarantee.to_dict(), "budget": r.budget, "screen_steps": plan.screen_steps,
-            "heal_steps": plan.heal_steps, "bridge": r.bridge, "images": r.images, "lr": r.lr, "distill": r.distill,
+            "rule": guarantee.to_dict(), "budget": r.budget, "heal_steps": plan.heal_steps, "bridge": r.bridge,
+            "images": r.images, "lr": r.lr, "distill": r.distill,
             "train_last": r.train_last, "seed": r.seed, "metric": plan.metric}
 
 
@@ -820,20 +801,19 @@ def _points(fraction: float) -> str:
 
 def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any], nn.Module | None]:
     """The cheapest certified cut of the plan's uncut model (or a copy of it), its kept blocks, the search
-    record (`isiwatch.truncation.search`) and, for a bridged winner, its bridged cut before healing.
+    record (`isiwatch.truncation.search`) and, for a bridged and healed winner, its bridged cut before healing.
 
-    The fixed order of cuts is tested as cuts (no healing; bridged when that agrees better with the uncut model on
-    the healing images, `CutRepair`) and healed from them: screened with `TruncationPlan.screen_steps` steps. A
-    screened winner is then healed afresh with the full `TruncationPlan.heal_steps` and judged on its own (the
-    full heal's part of `TruncationPlan.guarantee`); should that fail, the screened model, which qualified, is
-    returned. The search journal (``journal``) makes an interrupted search resumable (``resume``).
+    Each cut of the fixed order is repaired as `CutRepair` chooses on the healing images (as it is, bridged, or
+    healed in full with `TruncationPlan.heal_steps`) and tested, in that one sequence, by `TruncationPlan.guarantee`;
+    the winner's model is the one it tested. The search journal (``journal``) makes an interrupted search resumable
+    (``resume``).
     """
     r, split, uncut = plan.request, plan.split, plan.uncut
     assert plan.distances is not None  # plan() measures them for auto
     depth = plan.depth
     uncut_correct = predict(uncut, split.val_x) == split.val_y
     reference = float(uncut_correct.float().mean())
-    screen, full = plan.screen_steps, plan.heal_steps
+    full = plan.heal_steps
     guarantee = plan.guarantee
     inputs = CutInputs(plan.phases, plan.distances, r.seed)
 
@@ -842,32 +822,35 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
             return None
         return choose_blocks(strategy, depth, keep, phases=plan.phases, distances=plan.distances, seed=r.seed)
 
-    repair = CutRepair(uncut, first_images(split.probe_x, r.images)[0] if r.bridge != "none" else None, r.bridge)
+    repair = CutRepair(uncut, first_images(split.probe_x, r.images)[0], r.bridge)
+    enough = would_qualify(guarantee, len(split.val_y))
 
-    def heal_and_score(kept: list[int], steps: int) -> Score:
-        model, bridge = repair(kept)
+    def score(kept: list[int], may_heal: bool) -> Score:
+        choice = repair.choose(kept, enough, may_heal and full > 0)
+        model = choice.model
         correct = predict(model, split.val_x) == split.val_y
         cut = float(correct.float().mean())
-        if steps:
-            steps = plan.heal(model, steps)
+        steps = 0
+        if choice.heal:
+            steps = plan.heal(model, full)
             correct = predict(model, split.val_x) == split.val_y
-        return Score(cut, float(correct.float().mean()),
-                     PairedDrop.from_correct(uncut_correct.tolist(), correct.tolist()), steps, model, bridge)
+        return Score(cut, float(correct.float().mean()), PairedDrop.from_correct(uncut_correct.tolist(),
+                                                                                   correct.tolist()),
+                     steps, choice.repair, choice.record, choice.bridge, model)
 
     record: dict[str, Any] = {
         "max_drop": r.max_drop, "confidence": r.confidence, "rule": guarantee.to_dict(), "budget": r.budget,
-        "screen_steps": screen, "heal_steps": full, "validation_images": len(split.val_y),
+        "heal_steps": full, "validation_images": len(split.val_y),
         "test_images": len(split.test_y), "uncut_validation_accuracy": reference,
         "journal": None if r.journal is None else str(r.journal), "resumed_candidates": 0, "candidates": [],
-        "winner": None, "winner_strategy": "uncut", "full_heal": None, "healing_steps": 0}
+        "winner": None, "winner_strategy": "uncut", "stopped_at": None, "healing_steps": 0}
     journal = SearchJournal(r.journal, _search_header(plan, guarantee, uncut_correct), resume=r.resume)
-    progress = SearchProgress(r.budget * screen + (full if guarantee.rehealed else 0), r.budget, r.progress)
-    search = CutSearch(depth, guarantee, r.budget, blocks_for,
-                       lambda _strategy, kept, healed: heal_and_score(kept, screen if healed else 0),
+    progress = SearchProgress(r.budget * full, r.budget, r.progress)
+    search = CutSearch(depth, guarantee, r.budget, blocks_for, lambda _strategy, kept, may_heal: score(kept, may_heal),
                        journal=journal, progress=progress)
     try:
         winner = search.run()
-        model = _final_heal(search, winner, heal_and_score, guarantee, record, progress)
+        model = _winner_model(search, winner, score)
     except ValueError:  # a refusal (an interrupted or crashed search keeps its journal to resume from)
         journal.discard()
         raise
@@ -876,50 +859,49 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
     record["resumed_candidates"] = sum(c.resumed for c in search.candidates)
     for c in search.candidates:
         c.extra = {"winner": c is winner}
-    record.update({"candidates": [c.to_dict() for c in search.candidates],
+    stopped = search.stopped_at
+    record.update({"candidates": [c.to_dict() for c in search.candidates], "order": len(search.fixed_order()),
+                   "stopped_at": None if stopped is None else stopped.keep,
                    "winner": winner.to_dict() if winner else None, "bridge": repair.to_dict(),
-                   "winner_strategy": winner.strategy if winner else "uncut"})
+                   "winner_strategy": winner.strategy if winner else "uncut",
+                   "healing_steps": winner.healing_steps if winner else 0})
     if winner is None:
         closest = search.closest()
         record["message"] = (f"no cut: no cut of the {depth}-block model was certified within {r.max_drop:g} "
                              f"point{'' if r.max_drop == 1 else 's'} after {len(search.candidates)} candidates"
                              + ("" if closest is None else
                                 f"; the closest, {closest.strategy} keeping {closest.keep} blocks "
-                                f"{'as cut' if closest.chain == 'cut' else 'healed'}, dropped "
+                                f"{REPAIRS[closest.repair]}, dropped "
                                 f"{_points(closest.drop.drop)} on validation with an upper bound of "
                                 f"{_points(closest.bound)}"))
         return copy.deepcopy(uncut), list(range(depth)), record, None
     record["message"] = None
     assert isinstance(model, nn.Module)
-    bridged = None if winner.bridge is None else model if record["healing_steps"] == 0 else repair(winner.kept)[0]
+    bridged = None
+    if winner.bridge is not None:
+        bridged = model if winner.healing_steps == 0 else repair.choose(winner.kept, enough, False).model
     return model, winner.kept, record, bridged
 
 
-def _final_heal(search: CutSearch, winner: Candidate | None, heal_and_score: Callable[[list[int], int], Score],
-                guarantee: SearchGuarantee, record: dict[str, Any], progress: SearchProgress) -> nn.Module | None:
-    """The winner's model: a cut kept as it is; a screened cut healed afresh with the full budget when screening
-    was shorter (kept if its own rule passes, recorded under ``full_heal``), else the screened model (healed
-    again when it came from a journal)."""
+def would_qualify(guarantee: SearchGuarantee, images: int) -> Callable[[float], bool]:
+    """Whether a cut that disagrees with the uncut model on a share of the healing images would qualify on
+    ``images`` validation images, every disagreement counted as an image only the uncut model gets right (the
+    repair choice's prediction, `CutRepair.choose`)."""
+    rule = guarantee.rule
+
+    def enough(disagreement: float) -> bool:
+        return rule.qualifies(PairedDrop(images, min(images, round(disagreement * images)), 0))
+    return enough
+
+
+def _winner_model(search: CutSearch, winner: Candidate | None,
+                  score: Callable[[list[int], bool], Score]) -> nn.Module | None:
+    """The model the winner was tested as; one read back from a journal is repaired again (the same choice on
+    the same healing images, the same seeded heal)."""
     if winner is None:
         return None
-    if winner.chain == "healed" and guarantee.rehealed:
-        full = int(record["heal_steps"])
-        score = heal_and_score(winner.kept, full)
-        rule = guarantee.rule("full heal")
-        qualifies = rule.qualifies(score.drop)
-        progress.advance(score.steps, len(search.candidates), f"full heal of K={winner.keep}")
-        record["full_heal"] = {"healing_steps": score.steps, "validation_accuracy": score.healed_accuracy,
-                               "validation_drop": {"points": 100 * score.drop.drop,
-                                                   "upper_bound_points": 100 * rule.bound(score.drop),
-                                                   **score.drop.to_dict()},
-                               "qualifies": qualifies}
-        if qualifies:
-            assert isinstance(score.model, nn.Module)
-            record["healing_steps"] = score.steps
-            return score.model
-    record["healing_steps"] = winner.healing_steps
     if isinstance(search.best_model, nn.Module):
         return search.best_model
-    model = heal_and_score(winner.kept, winner.healing_steps).model  # journalled: the same seeded heal again
+    model = score(winner.kept, winner.healing_steps > 0).model
     assert isinstance(model, nn.Module)
     return model

@@ -77,43 +77,56 @@ def report_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
 
 
 def candidates_table(report: dict[str, Any]) -> str:
-    """Every cut ``auto`` scored, in testing order (as cuts, then healed): its repair (none, bridge, heal,
-    bridge+heal), validation accuracies, the paired drop and its bound, healing steps (0: not healed), costs, the
-    verdict."""
+    """Every cut ``auto`` tested, in its one fixed order: its repair (none, bridge, heal, bridge+heal) and what
+    chose it (`choice_cell`), validation accuracies, the paired drop and its bound, healing steps (0: not healed),
+    costs, the verdict."""
     search = report["search"]
     candidates = search["candidates"]
     batch = candidates[0].get("latency_batch", 64) if candidates else 64
-    header = ["strategy", "blocks", "kept", "repair", "heal steps", "val cut", "val healed", "val drop", "bound",
-              "params", "MFLOPs/img", f"latency ms/{batch} (IQR)", ""]
-    rows = [[c["strategy"], c["keep"], ",".join(map(str, c["kept_blocks"])), c.get("repair", "-"), c["healing_steps"],
+    header = ["strategy", "blocks", "kept", "repair", "heal-image disagreement", "heal steps", "val cut",
+              "val repaired", "val drop", "bound", "params", "MFLOPs/img", f"latency ms/{batch} (IQR)", ""]
+    rows = [[c["strategy"], c["keep"], ",".join(map(str, c["kept_blocks"])), c.get("repair", "-"),
+             choice_cell(c.get("choice") or {}), c["healing_steps"],
              c["validation_accuracy"]["cut"], c["validation_accuracy"]["healed"],
              f"{c['validation_drop']['points']:.2f}", f"{c['validation_drop']['upper_bound_points']:.2f}",
              c["parameters"], c["flops_per_image"] / 1e6, latency_cell(c),
-             "winner" if c["winner"] else ("ok" if c["qualifies"] else "")]
+             "winner" if c["winner"] else ("ok" if c["qualifies"] else "stop")]
             for c in candidates]
     return f"{rule_line(search)}\n{format_table(header, rows)}" if rows else rule_line(search)
 
 
+def choice_cell(choice: dict[str, Any]) -> str:
+    """What chose a candidate's repair: its disagreement with the uncut model on the healing images as cut and
+    bridged (percent), "-" when there was nothing to choose."""
+    tried = choice.get("disagreement") or {}
+    return " / ".join(f"{'cut' if name == 'cut' else 'bridged'} {100 * share:.1f} %" for name, share in tried.items()) \
+        or "-"
+
+
 def rule_line(search: dict[str, Any]) -> str:
-    """How ``auto`` judged its candidates, in one line."""
+    """How ``auto`` chose and judged its candidates, in one line."""
     rule = search["rule"]
     points = f"{rule['max_drop']:g} point{'' if rule['max_drop'] == 1 else 's'}"
     if rule["confidence"] == 0:
         how = f"its validation drop (a point estimate) is within {points}"
     else:
         how = (f"the upper {100 * rule['confidence']:g} % confidence bound of its validation drop (exact) is "
-               f"within {points}, tested in a fixed order from the fewest blocks dropped, each cut as it is, then "
-               f"healed, each sequence stopping at its first failure")
-    screened = (f"; each healed candidate screened with {search['screen_steps']} healing steps"
-                if "healed" in rule["parts"] else "; no healing (0 steps): cuts only")
-    bridge = search.get("bridge") or {"method": "none"}  # reports written before the bridge have none
-    bridged = ("" if bridge["method"] == "none" else
-               f"; each cut bridged ({bridge['method']}) when that agrees better with the uncut model on "
-               f"{bridge['calibration_images']} healing images ({bridge['cuts_fitted']} fitted in "
-               f"{bridge['calibration_seconds']:.1f} s)")
+               f"within {points}, one sequence tested at alpha {rule['alpha']:g} in a fixed order from the fewest "
+               "blocks dropped, stopping at its first failure")
+    bridge = search.get("bridge") or {"method": "none", "calibration_images": 0}
+    repairs = ["as it is"] + ([f"bridged ({bridge['method']})"] if bridge["method"] != "none" else []) + (
+        [f"healed ({search['heal_steps']} steps, {search['budget']} candidates at most)"] if search["heal_steps"]
+        else [])
+    chosen = (f"; each cut {', '.join(repairs[:-1])} or {repairs[-1]}: the least repair whose disagreement with "
+              f"the uncut model on {bridge['calibration_images']} healing images would qualify"
+              if len(repairs) > 1 else "; cuts as they are (no repair)")
     return (f"uncut accuracy validation n={search['validation_images']} {search['uncut_validation_accuracy']:.3f} "
             f"(val columns: the same {search['validation_images']} images); a cut qualifies when {how}; drops and "
-            f"bounds in points{screened}{bridged}")
+            f"bounds in points{chosen}")
+
+
+#: How a repair reads in a sentence.
+REPAIRS = {"none": "as cut", "bridge": "bridged", "heal": "healed", "bridge+heal": "bridged and healed"}
 
 
 def verdict_line(report: dict[str, Any]) -> str:
@@ -122,21 +135,13 @@ def verdict_line(report: dict[str, Any]) -> str:
     if search["winner"] is None:
         return str(search["message"])
     winner, test, depth = search["winner"], search["test"], report["cost"]["uncut"]["blocks"]
-    full = search.get("full_heal")
-    judged = full if full and full["qualifies"] else winner
-    bridged = "bridged, " if winner.get("repair", "").startswith("bridge") else ""
-    if winner["chain"] == "cut":
-        kind = f"{bridged or 'as cut, '}not healed"
-    elif judged is full:
-        kind = f"{bridged}full heal of {report['healing_steps']} steps"
-    else:
-        kind = f"{bridged}screening heal of {report['healing_steps']} steps" + (
-            "; its full heal was not certified" if full else "")
-    bound = judged["validation_drop"]["upper_bound_points"]
+    repair = winner.get("repair", "none")
+    kind = REPAIRS[repair] + (f", {winner['healing_steps']} healing steps" if winner["healing_steps"] else "")
+    bound = winner["validation_drop"]["upper_bound_points"]
     confidence = search["rule"]["confidence"]
     how = f"upper {100 * confidence:g} % bound {bound:.2f}" if confidence else f"point estimate {bound:.2f}"
     return (f"cut to {winner['keep']} of {depth} blocks ({winner['strategy']}, {kind}): validation drop "
-            f"{judged['validation_drop']['points']:.2f} points, {how} <= {search['max_drop']:g}; test drop "
+            f"{winner['validation_drop']['points']:.2f} points, {how} <= {search['max_drop']:g}; test drop "
             f"{_points(test['points'])} on {test['images']} images, scored once "
             f"({'within' if test['within_max_drop'] else 'beyond'} {search['max_drop']:g})")
 
@@ -150,7 +155,7 @@ def no_cut_line(report: dict[str, Any]) -> str | None:
     need = search.get("to_certify")
     if not need:
         return "no certified cut: no candidate was tested; no model written"
-    how = {"cut": "as cut"}.get(need["chain"], need["chain"])
+    how = REPAIRS[need["repair"]]
     images = need["validation_images"]
     more = (f", or about {images:,} validation images at its observed rates ({search['validation_images']:,} now)"
             if images else " (at the present max drop no number of validation images would: its observed drop "
