@@ -48,9 +48,8 @@ winner = search["winner"]
 print(json.dumps({"threads": threads, "held_out_accuracy": summary["accuracy"], "cut": winner is not None,
                   "keep": len(report["kept_blocks"]), "depth": report["cost"]["uncut"]["blocks"],
                   "max_drop": search["max_drop"], "confidence": search["confidence"],
-                  "upper_bound_points": None if winner is None else  # of the model kept: fully healed if it passed
-                  (full if (full := search["full_heal"]) and full["qualifies"] else winner)["validation_drop"][
-                      "upper_bound_points"],
+                  "upper_bound_points": None if winner is None else  # of the model kept: the one tested
+                  winner["validation_drop"]["upper_bound_points"],
                   "test_drop_points": search["test"]["points"], "message": search["message"],
                   "begun": begun, "phase_seconds": summary["phase_seconds"]}))
 """

@@ -469,7 +469,7 @@ def guarantee(data: dict) -> list[str]:
 BRIDGE = "Cuts repaired by the linear bridge, certified (`benchmarks/bench_bridge.py`)"
 
 
-@needs("bridge/bridge.json", BRIDGE, "python benchmarks/bench_bridge.py --device cuda --threads 8")
+@needs("bridge/bridge.json", BRIDGE, "python benchmarks/bench_bridge.py --threads 2")
 def bridge(data: dict) -> list[str]:
     machine = dict(data.get("machine") or {})
     seconds = machine.pop("seconds", None)
@@ -480,13 +480,15 @@ def bridge(data: dict) -> list[str]:
         machine["device"] = f"`--device {device}` (not named in this JSON)"
     return [f"## {BRIDGE}", "",
             f"Command: `python benchmarks/bench_bridge.py --device {device} --threads {args['threads']}`. Machine: "
-            f"{describe(machine)}" + (f"; {seconds:.0f} s" if seconds is not None else "") + ". Four repairs "
-            f"of the cuts `truncate --strategy auto` tests, fixed before the run: `drop` (as cut), `drop+heal` "
-            f"(today's default before the bridge), `bridge` (no training) and `bridge+heal`, on "
-            f"{len(data['models'])} models, each case a seeded split of the 1,000 held-out digits into 500 "
-            "validation and 500 test images; the bridge is fitted on the first "
-            f"{args['images']} healing digits. Coverage: the share of cases whose test drop is within the max drop. "
-            "Repair seconds are measured under the FLOP counter, on the device.",
+            f"{describe(machine)}" + (f"; {seconds:.0f} s" if seconds is not None else "") + ". Arms fixed "
+            "before the run: `drop` (cuts as they are); `drop+heal`, `bridge` and `bridge+heal` as the search "
+            "*before* issue 49 ran them (a sequence per repair, 1 − confidence split over them, the winner's full "
+            "heal tested on its own); `now: …` the same repairs in the search now (one sequence at the whole "
+            "1 − confidence, each cut's repair chosen least-first on the calibration digits; `now: bridge+heal` is "
+            f"truncate's default), on {len(data['models'])} models, each case a seeded split of the 1,000 "
+            "held-out digits into 500 validation and 500 test images; the bridge is fitted and the repairs chosen "
+            f"on the first {args['images']} healing digits. Coverage: the share of cases whose test drop is within "
+            "the max drop. Repair seconds are measured under the FLOP counter, on the device.",
             "", *data["markdown"], "", *bench_bridge.findings(data["summary"]), "",
             "Mean blocks removed per model at 3 and 5 points:", "", *bench_bridge.per_model(rows, 3.0), "",
             *bench_bridge.per_model(rows, 5.0), "",
