@@ -10,8 +10,8 @@ Arms, fixed before running (each at confidence 0.95 and the default budget of 16
   on its own; 1 − confidence split evenly over those parts, the full heal's share further over the 16 positions;
 - ``now: drop+heal``, ``now: bridge``, ``now: bridge+heal`` (the default): one sequence at the whole 1 − confidence,
   each cut repaired before it is tested as ``CutRepair.choose`` decides on the calibration digits — as it is when
-  its disagreement with the uncut model there would qualify, else bridged when that would, else healed in full
-  (2 epochs) from the one of the two that disagrees less.
+  it would qualify with its rates of discordant calibration digits, else bridged when that would, else healed in
+  full (2 epochs) from the cut as it is.
 
 Models: the four of ``bench_guarantee.py`` (identity-padded, nearly idle and fully trained 4-/6-block digits
 ViTs, 10 epochs), ``demo`` (the demo's 12-block width-64 ViT, its recipe: 12 epochs at lr 2e-3) and
@@ -68,7 +68,6 @@ from isiwatch.truncation.truncate import (  # noqa: E402
     TruncationPlan,
     choose_blocks,
     plan,
-    would_qualify,
 )
 
 RESULTS = Path(__file__).parent / "results" / "bridge"
@@ -119,11 +118,12 @@ class CountedRepair(CutRepair):
     """`CutRepair` that measures each judgement and bridge fit the first time it is made and adds its key to
     ``spent`` (the arm run's set) whenever it is used."""
 
-    def __init__(self, uncut: torch.nn.Module, images: torch.Tensor, method: str, costs: dict):
-        super().__init__(uncut, images, method)
+    def __init__(self, uncut: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, method: str,
+                 costs: dict):
+        super().__init__(uncut, images, labels, method)
         self.costs, self.spent = costs, set()
 
-    def judge(self, kept: list[int], name: str) -> float:
+    def judge(self, kept: list[int], name: str) -> PairedDrop:
         key = ("judge", tuple(kept), self.method, name)
         if key not in self.costs:
             self.costs[key] = measured(lambda: super(CountedRepair, self).judge(kept, name))
@@ -146,9 +146,9 @@ class Candidates:
         self.plan, self.depth = planned, planned.depth
         self.labels = torch.cat([planned.split.val_y, planned.split.test_y])
         self.uncut = predict(planned.uncut, planned.split.held_out_x) == self.labels
-        images = first_images(planned.split.probe_x, calibration)[0]
+        images, labels = first_images(planned.split.probe_x, calibration)
         self.costs: dict[tuple, tuple[int, float]] = {}  # ("judge" | "fit", kept, fit, ...) or a heal's key
-        self.repairs = {fit: CountedRepair(planned.uncut, images, fit, self.costs)
+        self.repairs = {fit: CountedRepair(planned.uncut, images, labels, fit, self.costs)
                         for fit in {f for f, _, _ in ARMS.values()}}
         self.stream_cost = {fit: measured(lambda r=repair: r.stream.reference) for fit, repair in self.repairs.items()}
         self.correct: dict[tuple, torch.Tensor] = {}
@@ -166,7 +166,7 @@ class Candidates:
 
     def of(self, kept: list[int], fit: str, base: str, steps: int, spent: set[tuple] | None = None) -> torch.Tensor:
         """Held-out correctness of the cut keeping ``kept`` as cut or bridged (``base``), healed ``steps``."""
-        key = (tuple(kept), fit, base, steps)
+        key = (tuple(kept), fit if base == "bridged" else "", base, steps)  # a cut as it is: one for every fit
         if key not in self.correct:
             model = self.repairs[fit].variants(kept)[base][0]
             model = copy.deepcopy(model)
@@ -205,7 +205,9 @@ def run_before(cands: Candidates, arm: str, val: torch.Tensor, max_drop: float) 
     def base(kept: list[int]) -> str:
         if fit == "none" or not repair.bridged(kept):
             return "cut"
-        return "bridged" if repair.judge(kept, "bridged") < repair.judge(kept, "cut") else "cut"
+        repair.judge(kept, "bridged"), repair.judge(kept, "cut")  # then: the one that agreed better
+        disagreement = repair.disagreement[tuple(kept)]
+        return "bridged" if disagreement["bridged"] < disagreement["cut"] else "cut"
 
     order = CutSearch(cands.depth, SearchGuarantee(max_drop, DEFAULT_CONFIDENCE), DEFAULT_BUDGET, cands.blocks_for,
                       lambda *_: Score(0, 0, PairedDrop(1, 0, 0), 0)).fixed_order()
@@ -238,12 +240,11 @@ def run_now(cands: Candidates, arm: str, val: torch.Tensor, max_drop: float) -> 
     fit, heals, _ = ARMS[arm]
     full = cands.plan.heal_steps if heals else 0
     guarantee = SearchGuarantee(max_drop, DEFAULT_CONFIDENCE)
-    enough = would_qualify(guarantee, len(val))
     spent, repair = cands.spending(fit), cands.repairs[fit]
     chosen: dict[tuple, tuple[str, int]] = {}
 
     def score(strategy: str, kept: list[int], may_heal: bool) -> Score:
-        choice = repair.choose(kept, enough, may_heal and full > 0)
+        choice = repair.choose(kept, guarantee.rule, len(val), may_heal and full > 0)
         base = "cut" if choice.record["base"] == "as cut" else "bridged"
         steps = full if choice.heal else 0
         chosen[tuple(kept)] = (base, steps)

@@ -59,7 +59,6 @@ from isiwatch.truncation.truncate import (  # noqa: E402
     TruncationPlan,
     choose_blocks,
     plan,
-    would_qualify,
 )
 
 RESULTS = Path(__file__).parent / "results" / "guarantee"
@@ -95,7 +94,7 @@ class Candidates:
         self.labels = torch.cat([planned.split.val_y, planned.split.test_y])
         self.uncut = predict(planned.uncut, planned.split.held_out_x) == self.labels
         r = planned.request
-        self.repair = CutRepair(planned.uncut, first_images(planned.split.probe_x, r.images)[0], r.bridge)
+        self.repair = CutRepair(planned.uncut, *first_images(planned.split.probe_x, r.images), r.bridge)
         self.correct: dict[tuple[tuple[int, ...], int, str], torch.Tensor] = {}
         self.heals = 0
 
@@ -128,11 +127,10 @@ def fixed_sequence(cands: Candidates, val: torch.Tensor,
     guarantee = SearchGuarantee(max_drop, DEFAULT_CONFIDENCE)
     if not guarantee.certifiable(len(val)):
         return list(range(cands.depth)), 0, None, "cut"
-    enough = would_qualify(guarantee, len(val))
     chosen: dict[tuple[int, ...], tuple[int, str]] = {}
 
     def score(strategy: str, kept: list[int], may_heal: bool) -> Score:
-        choice = cands.repair.choose(kept, enough, may_heal and full > 0)
+        choice = cands.repair.choose(kept, guarantee.rule, len(val), may_heal and full > 0)
         steps, base = full if choice.heal else 0, "cut" if choice.record["base"] == "as cut" else "bridged"
         chosen[tuple(kept)] = (steps, base)
         return Score(0.0, float(cands.of(kept, steps, base)[val].float().mean()),

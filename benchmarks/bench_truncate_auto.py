@@ -124,7 +124,7 @@ def run_one(task, seed: int, args, items: Path) -> None:
     heal_options = {"epochs": HEAL_EPOCHS, "seed": seed, "train_last": None, "teacher": None, "amp": False}
     if f"{prefix}/auto" not in done:
         start = time.perf_counter()
-        cut, kept, search, _ = auto_cut(auto_plan(model, task, measured, seed, max_drop=args.max_drop, confidence=0.0,
+        cut, kept, search = auto_cut(auto_plan(model, task, measured, seed, max_drop=args.max_drop, confidence=0.0,
                                                budget=args.budget, epochs=HEAL_EPOCHS))
         row = add_item(items, {"key": f"{prefix}/auto", "task": task.name, "seed": seed, "strategy": "auto", **uncut,
                                "keep": len(kept), "kept": kept, "test": accuracy(cut, task.test_x, task.test_y),
@@ -178,7 +178,7 @@ def guarantee_one(task, seed: int, args, items: Path) -> None:
             if key in done:
                 continue
             start = time.perf_counter()
-            cut, kept, search, _ = auto_cut(auto_plan(model, split, measured, seed, max_drop=args.guarantee_max_drop,
+            cut, kept, search = auto_cut(auto_plan(model, split, measured, seed, max_drop=args.guarantee_max_drop,
                                                    confidence=confidence, budget=args.budget, heal_steps=steps,
                                                    distill=distill))
             cut_correct = predict(cut, split.test_x) == split.test_y

@@ -9,7 +9,8 @@ from isiwatch.truncation.explain import depth_story, dropped_line, sequence_line
 def candidate(keep, points, bound, qualifies, repair="heal", steps=64, winner=False):
     healed = "heal" in repair
     return {"strategy": "bi", "keep": keep, "kept_blocks": list(range(keep)), "repair": repair,
-            "choice": {"calibration_images": 1000, "disagreement": {"cut": 0.08, "bridged": 0.05}, "heal": healed},
+            "choice": {"calibration_images": 1000, "predicted_bound_points": {"cut": 8.1, "bridged": 5.6},
+                       "heal": healed},
             "healing_steps": steps if healed else 0,
             "validation_accuracy": {"cut": 0.85, "healed": 0.87},
             "validation_drop": {"points": points, "upper_bound_points": bound, "images": 500},
@@ -34,11 +35,11 @@ def report(recommended, dropped, candidates, *, depth=12, plateau=(6, 8), strate
 
 
 #: The full demo: 12 of 12 recommended, 9 of 12 cut, a plateau at 6-8 and blocks 4, 7, 8 dropped; the winner,
-#: bridged and healed in full, within 2.34 points.
+#: healed in full, within 2.34 points.
 DEMO = report(12, [4, 7, 8], [candidate(11, 0.2, 1.9, True, repair="bridge"),
-                              candidate(10, 0.8, 2.9, True, repair="bridge+heal"),
-                              candidate(9, -0.2, 2.34, True, repair="bridge+heal", winner=True),
-                              candidate(8, 4.0, 7.1, False, repair="bridge+heal")],
+                              candidate(10, 0.8, 2.9, True),
+                              candidate(9, -0.2, 2.34, True, winner=True),
+                              candidate(8, 4.0, 7.1, False)],
               recommended_drop=[])
 
 
@@ -52,8 +53,8 @@ def test_the_demo_reads_as_one_story():
         "measured)",
         "phases (token_similarity): Cliff blocks 0–5, plateau blocks 6–8, Climb blocks 9–11",
         "cut: 9 of 12 blocks (dropped 4, 7, 8), the fewest certified of the cuts tested",
-        "certified: validation drop within 5 points at 95 % confidence (upper bound 2.34), bridged and healed (64 "
-        "healing steps)",
+        "certified: validation drop within 5 points at 95 % confidence (upper bound 2.34), healed (64 healing "
+        "steps)",
         "why they differ: one analysis pass cannot see what healing recovers; the search measured real cuts"]
     assert all(len(line) <= 120 for line in story)
     assert dropped_line(DEMO) == (
@@ -62,8 +63,8 @@ def test_the_demo_reads_as_one_story():
         "which bi does not follow")
     assert sequence_line(DEMO) == (
         "sequence: 4 of 11 candidates tested in one fixed order at alpha 0.05, each repaired before the test as its "
-        "disagreement with the uncut model on the healing images chose (1 bridged, 3 bridged and healed); it stopped "
-        "at 8 blocks (bridged and healed, upper bound 7.10 > 5 points)")
+        "discordant healing images chose (1 bridged, 3 healed); it stopped at 8 blocks (healed, upper bound 7.10 > 5 "
+        "points)")
     assert story_lines(DEMO) == [*story, dropped_line(DEMO), sequence_line(DEMO)]
 
 

@@ -38,7 +38,7 @@ def test_no_certified_cut_writes_its_report_but_no_model_and_exits_with_its_own_
     """Issue 48.5: the report asked for is the record of the decision, written on exit 3 too."""
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, ["truncate", str(trained), "--out", "cut.pt", "--report", "r.json",
-                                       "--max-drop", "1", *QUICK])
+                                       "--max-drop", "1", "--bridge", "none", "--epochs", "0", *QUICK])
     assert result.exit_code == NO_CERTIFIED_CUT != 1, result.output
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no cut.pt, no cut.pt.search.jsonl
     search = json.loads((tmp_path / "r.json").read_text())["search"]
@@ -87,13 +87,39 @@ def test_a_train_last_no_cut_can_honour_is_refused_before_any_data(trained, tmp_
 
 
 def test_the_api_says_no_cut_and_writes_no_file(trained, tmp_path):
-    result = truncate(trained, tmp_path / "cut.pt", max_drop=1, budget=1, heal_steps=1, images=64)
+    options = dict(budget=1, epochs=0, bridge="none", images=64)  # no repair to choose: the same cut at any max drop
+    result = truncate(trained, tmp_path / "cut.pt", max_drop=1, **options)
     assert not result.cut and result.paths == [] and list(tmp_path.iterdir()) == []
     need = result.report["search"]["to_certify"]
     best = min(result.report["search"]["candidates"], key=lambda c: c["validation_drop"]["upper_bound_points"])
     assert need["keep"] == best["keep"] and need["max_drop"] >= best["validation_drop"]["upper_bound_points"]
-    again = truncate(trained, None, max_drop=need["max_drop"], budget=1, heal_steps=1, images=64)
+    again = truncate(trained, None, max_drop=need["max_drop"], **options)
     assert again.cut  # the --max-drop it named certifies a cut
+
+
+def test_no_max_drop_is_promised_where_it_would_change_the_repair():
+    """The repair depends on the max drop (the least one the healing images say would qualify): a candidate healed
+    at 1 point whose heal-image bound as cut is 4 points would be tested as cut at 6 points, a model the validation
+    split never saw, so no --max-drop is named for it; more validation images that keep the repair are."""
+    from isiwatch.truncation.confidence import SearchGuarantee
+    from isiwatch.truncation.truncate import to_certify
+    from isiwatch.truncation.truncate_report import no_cut_line
+
+    discordant = {"cut": {"uncut_only": 30, "cut_only": 2}}  # of 1,000 healing images: about 4 points on 500
+    healed = {"strategy": "bi", "keep": 3, "repair": "heal", "qualifies": False,
+              "choice": {"calibration_images": 1000, "discordant": discordant},
+              "validation_drop": {"points": 2.0, "upper_bound_points": 5.3, "images": 500, "uncut_only": 14,
+                                  "cut_only": 4}}
+    search = {"candidates": [healed], "heal_steps": 64, "winner": None, "validation_images": 500}
+    need = to_certify(search, SearchGuarantee(1.0, 0.95))
+    assert need["max_drop"] is None and need["upper_bound_points"] == 5.3
+    line = no_cut_line({"search": {**search, "to_certify": need}})
+    assert "had an upper bound of 5.30 points" in line and "no --max-drop is promised" in line
+    kept_repair = {**search, "candidates": [{**healed, "choice": {"calibration_images": 1000, "discordant": {
+        "cut": {"uncut_only": 300, "cut_only": 2}}}}]}  # as cut far beyond any max drop: healed at 5.3 points too
+    need = to_certify(kept_repair, SearchGuarantee(1.0, 0.95))
+    assert need["max_drop"] == 5.3 and "would be certified with --max-drop 5.30" in no_cut_line(
+        {"search": {**kept_repair, "to_certify": need}})
 
 
 def test_one_latency_per_model_the_same_in_every_table(trained):

@@ -45,7 +45,6 @@ def accuracy(model: torch.nn.Module) -> float:
 CASES = {  # the winner's repair: the options that give it on this model, and the rows its run made
     "none": (["--bridge", "none", "--epochs", "0", "--max-drop", "20"], ["uncut", "cut"]),
     "bridge": (["--epochs", "0", "--max-drop", "10"], ["uncut", "cut", "bridged cut"]),
-    "bridge+heal": (["--epochs", "1", "--max-drop", "10"], ["uncut", "cut", "bridged cut", "healed"]),
     "heal": (["--bridge", "none", "--epochs", "1", "--max-drop", "10"], ["uncut", "cut", "healed"]),
 }
 

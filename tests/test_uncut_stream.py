@@ -12,6 +12,7 @@ from isiwatch.measure.flops import count_flops
 from isiwatch.taps import vit_parts
 from isiwatch.truncation.bridge import resume_position
 from isiwatch.truncation.classifier_layout import block_list
+from isiwatch.truncation.confidence import AcceptanceRule
 from isiwatch.truncation.healing import make_digits_vit, predict
 from isiwatch.truncation.surgery import CutRepair, cut_vit
 from isiwatch.truncation.uncut_stream import BATCH, UncutStream, capture, resumed
@@ -73,10 +74,10 @@ def test_after_the_first_cut_a_search_fits_and_judges_a_bridge_for_less_than_one
     uncut, _ = make_digits_vit(0, depth=12)
     images = torch.randn(256, 1, 28, 28)
     forward = count_flops(lambda: predict(uncut, images))
-    repair = CutRepair(uncut.eval(), images, "lstsq")
-    never = lambda share: False  # noqa: E731  (no disagreement would qualify: each cut is judged, fitted, judged)
-    count_flops(lambda: repair.choose(list(range(8)), never, False))  # the first cut stores the stream
-    second = count_flops(lambda: repair.choose(list(range(6)), never, False))
+    repair = CutRepair(uncut.eval(), images, torch.randint(0, 10, (256,)), "lstsq")
+    never = AcceptanceRule(0.0, 0.05)  # nothing qualifies at a max drop of 0: each cut is judged, fitted, judged
+    count_flops(lambda: repair.choose(list(range(8)), never, 500, False))  # the first cut stores the stream
+    second = count_flops(lambda: repair.choose(list(range(6)), never, 500, False))
     assert 0 < second < 0.5 * forward
     assert repair.models[tuple(range(6))]["bridged"][1] is not None  # it was bridged (fitted and judged)
-    assert set(repair.disagreement[tuple(range(6))]) == {"cut", "bridged"}
+    assert set(repair.calibration[tuple(range(6))]) == {"cut", "bridged"}

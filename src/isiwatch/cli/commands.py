@@ -459,9 +459,9 @@ NO_CERTIFIED_CUT = 3
 @click.option("--bridge", type=click.Choice(BRIDGE_METHODS), default=DEFAULT_BRIDGE, show_default=True,
               help="auto: repair a cut without training by a linear map fitted on --images healing images "
                    "(least squares, or refined on cosine distance) and merged into the block before the dropped "
-                   "ones; each cut is tested as it is, bridged or healed, the least repair its disagreement with "
-                   "the uncut model on those images says would qualify (no validation image is read); none: cuts "
-                   "as they are and healed only.")
+                   "ones; each cut is tested as it is, bridged or healed, the least repair that would qualify "
+                   "with its rates of discordant images among those images (no validation image is read); none: "
+                   "cuts as they are and healed only.")
 @click.option("--resume", is_flag=True,
               help="auto: continue the search journalled in OUT.search.jsonl without healing its finished "
                    "candidates again.")

@@ -27,7 +27,14 @@ from ..measure.tables import analysis_rows, recommendation_text
 from ..measure.vocabulary import PHASES, VOCABULARY, legend, plateau_name
 from ..truncation.explain import depth_story, dropped_line, judged, sequence_line
 from ..truncation.strategies import STRATEGIES
-from ..truncation.truncate_report import REPAIRS, choice_cell, latency_cell, no_cut_line, report_rows, verdict_line
+from ..truncation.truncate_report import (
+    REPAIRS,
+    choice_cell,
+    latency_cell,
+    no_cut_line,
+    report_rows,
+    verdict_line,
+)
 
 
 @dataclass
@@ -322,7 +329,7 @@ def _glossary(columns: Sequence[str]) -> str:
 
 #: Columns of the truncation candidates table, with the candidate field each reads (dotted: nested); a column no
 #: candidate has (a report written before it existed) is left out.
-CANDIDATE_COLUMNS = (("repair", "repair"), ("heal-image disagreement", "choice"), ("strategy", "strategy"),
+CANDIDATE_COLUMNS = (("repair", "repair"), ("heal-image bound", "choice"), ("strategy", "strategy"),
                      ("blocks", "keep"), ("kept", "kept_blocks"),
                      ("heal steps", "healing_steps"), ("images", "validation_drop.images"),
                      ("val cut", "validation_accuracy.cut"), ("val repaired", "validation_accuracy.healed"),
@@ -376,7 +383,8 @@ def _rule_caption(search: dict[str, Any]) -> str:
         else:
             parts.append(f"a cut qualifies when its observed validation drop (a point estimate) is at most {points}")
     parts.append("drop and upper bound in accuracy points; each cut's repair was chosen before the test, on the "
-                 "healing images: the least whose disagreement with the uncut model there would qualify")
+                 "healing images: the least that would qualify with its rates of discordant healing images (the "
+                 "heal-image bound, in points)")
     return "; ".join(parts)
 
 

@@ -60,6 +60,11 @@ class PairedDrop:
         """The observed accuracy drop (a fraction; negative when the cut model is better)."""
         return (self.uncut_only - self.cut_only) / self.images
 
+    def scaled(self, images: int) -> PairedDrop:
+        """The comparison on ``images`` images at this one's shares of discordant images (rounded)."""
+        return PairedDrop(images, round(self.uncut_only * images / self.images),
+                          round(self.cut_only * images / self.images))
+
     def to_dict(self) -> dict[str, int]:
         return {"images": self.images, "uncut_only": self.uncut_only, "cut_only": self.cut_only}
 

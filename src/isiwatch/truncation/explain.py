@@ -134,8 +134,7 @@ def sequence_line(report: dict[str, Any]) -> str | None:
              f"{failed['validation_drop']['upper_bound_points']:.2f} > {search['max_drop']:g} points)")
     repairs = ", ".join(f"{n} {REPAIRS[r]}" for r in REPAIRS if (n := sum(c.get("repair") == r for c in tested)))
     return (f"sequence: {len(tested)} of {search.get('order', len(tested))} candidates tested in one fixed order "
-            f"{level}, each repaired before the test as its disagreement with the uncut model on the healing "
-            f"images chose ({repairs}); {where}")
+            f"{level}, each repaired before the test as its discordant healing images chose ({repairs}); {where}")
 
 
 def story_lines(report: dict[str, Any]) -> list[str]:

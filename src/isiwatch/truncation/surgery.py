@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +17,11 @@ from ..measure.phases import Phases
 from ..taps import vit_parts
 from .bridge import DEFAULT_BRIDGE, RIDGE, bridge_cut, resume_position
 from .classifier_layout import block_list, block_path, with_blocks
+from .confidence import AcceptanceRule, PairedDrop
 from .strategies import DEFAULT_STRATEGY, CutInputs, choose_blocks, get_strategy
 from .uncut_stream import UncutStream
 
-__all__ = ["CutRepair", "RepairChoice", "cut", "cut_vit", "measure_inputs"]
+__all__ = ["CutRepair", "RepairChoice", "cut", "cut_vit", "least_repair", "measure_inputs"]
 
 
 def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
@@ -56,46 +56,63 @@ class RepairChoice:
 
     @property
     def repair(self) -> str:
-        """"none", "bridge", "heal" or "bridge+heal"."""
-        return "+".join(n for n, done in (("bridge", self.bridge is not None), ("heal", self.heal)) if done) or "none"
+        """"none", "bridge" or "heal" (a healed cut is healed from the cut as it is)."""
+        return "heal" if self.heal else "bridge" if self.bridge is not None else "none"
+
+
+def least_repair(tried: dict[str, PairedDrop], rule: AcceptanceRule, images: int,
+                 may_heal: bool) -> tuple[str, bool]:
+    """The least repair ``rule`` would pass on ``images`` validation images, from the paired comparisons of a cut
+    on the calibration images (``tried``: "cut" as it is and, when fitted, "bridged"): the first of them that would
+    qualify at its rates of discordant images, else healed from the cut as it is when ``may_heal``, else the one
+    that comes closer; as (name, heal)."""
+    for name in ("cut", "bridged"):
+        if name in tried and rule.qualifies(tried[name].scaled(images)):
+            return name, False
+    if may_heal or not tried:
+        return "cut", may_heal
+    return min(tried, key=lambda n: rule.bound(tried[n].scaled(images))), False  # ties: as cut
 
 
 class CutRepair:
-    """The repair of each cut of ``uncut`` an ``auto`` search tests, chosen on the calibration ``images`` (healing
-    images, never validation ones), the least repair first: the cut as it is when its disagreement with the uncut
-    model's predictions there would qualify (``enough``), else bridged (``method``) when that would, else healed
-    (when the caller may heal) from whichever of the two disagrees less. The choice reads no validation image, so
-    it belongs to the search's fixed order. Each cut is judged and fitted once, on the uncut stream kept between
-    cuts (`UncutStream`): a cut runs only from its first dropped block, and only when there is a choice to make."""
+    """The repair of each cut of ``uncut`` an ``auto`` search tests, chosen on the calibration ``images`` and their
+    ``labels`` (healing images, never validation ones), the least repair first: the cut as it is when its paired
+    comparison with the uncut model there, scaled to the validation split, would qualify; else bridged (``method``)
+    when that would; else healed from the cut as it is (when the caller may heal; healing a bridged cut certified
+    fewer blocks in ``benchmarks/bench_bridge.py``), or, when it may not, whichever of the two comes closer. The
+    choice reads no validation image, so it belongs to the search's fixed order. Each cut is judged and fitted once,
+    on the uncut stream kept between cuts (`UncutStream`): a cut runs only from its first dropped block, and only
+    when there is a choice to make."""
 
-    def __init__(self, uncut: nn.Module, images: Tensor, method: str = DEFAULT_BRIDGE):
-        self.uncut, self.images, self.method = uncut, images, method
+    def __init__(self, uncut: nn.Module, images: Tensor, labels: Tensor, method: str = DEFAULT_BRIDGE):
+        self.uncut, self.images, self.labels, self.method = uncut, images, labels, method
         self.stream = UncutStream(uncut, images)
         self.models: dict[tuple[int, ...], dict[str, tuple[nn.Module, dict[str, Any] | None]]] = {}
+        self.calibration: dict[tuple[int, ...], dict[str, PairedDrop]] = {}
         self.disagreement: dict[tuple[int, ...], dict[str, float]] = {}
         self.seconds = 0.0
 
-    def choose(self, kept: list[int], enough: Callable[[float], bool], may_heal: bool) -> RepairChoice:
-        """The repair of the cut keeping ``kept``: ``enough(disagreement)`` says whether a cut disagreeing with the
-        uncut model on that share of the calibration images would qualify; ``may_heal``: healing is allowed."""
-        if self.method == "none" and not may_heal:  # nothing to choose from: no pass
-            return self._chosen(kept, "cut", False)
-        for name in ("cut", "bridged"):
-            if name == "bridged" and not self.bridged(kept):
-                break
-            if enough(self.judge(kept, name)):
-                return self._chosen(kept, name, False)
-        tried = self.disagreement[tuple(kept)]
-        return self._chosen(kept, min(tried, key=lambda n: tried[n]), may_heal)  # ties: as cut
+    def choose(self, kept: list[int], rule: AcceptanceRule, images: int, may_heal: bool) -> RepairChoice:
+        """The repair of the cut keeping ``kept`` that ``rule`` would pass on ``images`` validation images with the
+        calibration images' rates of discordant images (`predicted`); ``may_heal``: healing is allowed."""
+        if self.method != "none" or may_heal:  # else nothing to choose from: no pass
+            if not rule.qualifies(self.judge(kept, "cut").scaled(images)) and self.bridged(kept):
+                self.judge(kept, "bridged")
+        name, heal = least_repair(self.calibration.get(tuple(kept), {}), rule, images, may_heal)
+        return self._chosen(kept, name, heal, rule, images)
 
-    def judge(self, kept: list[int], name: str) -> float:
-        """The share of the calibration images on which the cut keeping ``kept`` (``name``: "cut" as it is,
-        "bridged") predicts another class than the uncut model (measured once, from its first dropped block)."""
-        tried = self.disagreement.setdefault(tuple(kept), {})
+    def judge(self, kept: list[int], name: str) -> PairedDrop:
+        """The paired comparison with the uncut model on the calibration images of the cut keeping ``kept``
+        (``name``: "cut" as it is, "bridged"), measured once, from its first dropped block; its share of images
+        predicted another class than the uncut model's goes to ``disagreement``."""
+        tried = self.calibration.setdefault(tuple(kept), {})
         if name not in tried:
             start = time.perf_counter()
             predictions = self.stream.predictions(self.variants(kept)[name][0], resume_position(kept))
-            tried[name] = float((predictions != self.stream.reference).float().mean())
+            reference = self.stream.reference
+            tried[name] = PairedDrop.from_correct((reference == self.labels).tolist(),
+                                                  (predictions == self.labels).tolist())
+            self.disagreement.setdefault(tuple(kept), {})[name] = float((predictions != reference).float().mean())
             self.seconds += time.perf_counter() - start
         return tried[name]
 
@@ -115,9 +132,12 @@ class CutRepair:
         record (None: not bridged)."""
         return self.models.setdefault(tuple(kept), {"cut": (cut_vit(self.uncut, kept), None)})
 
-    def _chosen(self, kept: list[int], name: str, heal: bool) -> RepairChoice:
+    def _chosen(self, kept: list[int], name: str, heal: bool, rule: AcceptanceRule, images: int) -> RepairChoice:
         model, fit = self.variants(kept)[name]
-        record = {"calibration_images": len(self.images), "disagreement": dict(self.disagreement.get(tuple(kept), {})),
+        tried = self.calibration.get(tuple(kept), {})
+        record = {"calibration_images": len(self.images),
+                  "discordant": {n: {"uncut_only": p.uncut_only, "cut_only": p.cut_only} for n, p in tried.items()},
+                  "predicted_bound_points": {n: 100 * rule.bound(p.scaled(images)) for n, p in tried.items()},
                   "base": "as cut" if name == "cut" else "bridged", "heal": heal}
         return RepairChoice(copy.deepcopy(model), fit, heal, record)
 
@@ -125,7 +145,7 @@ class CutRepair:
         """The bridge's settings and what judging and fitting cost over every cut (seconds, images)."""
         return {"method": self.method, "ridge": None if self.method == "none" else RIDGE,
                 "calibration_images": len(self.images),
-                "cuts_judged": sum(bool(tried) for tried in self.disagreement.values()),
+                "cuts_judged": sum(bool(tried) for tried in self.calibration.values()),
                 "cuts_fitted": sum(m.get("bridged", (None, None))[1] is not None for m in self.models.values()),
                 "calibration_seconds": self.seconds}
 

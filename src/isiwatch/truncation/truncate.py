@@ -43,7 +43,7 @@ from ..measure.phases import Phases
 from ..taps import vit_parts
 from .bridge import check_bridgeable
 from .classifier_layout import block_list
-from .confidence import PairedDrop, SearchGuarantee, above_chance
+from .confidence import AcceptanceRule, PairedDrop, SearchGuarantee, above_chance
 from .cost import model_costs
 from .data_split import NAMED, Data, Split, load_split
 from .engine import FabricOptions
@@ -65,7 +65,7 @@ from .strategies import (
     get_strategy,
     inputs_needed,
 )
-from .surgery import CutRepair, cut_vit, measure_inputs
+from .surgery import CutRepair, cut_vit, least_repair, measure_inputs
 from .truncate_report import REPAIRS, candidates_table, measure, report_table
 
 if TYPE_CHECKING:
@@ -438,8 +438,8 @@ def plan(request: TruncateRequest) -> TruncationPlan:
 @dataclass
 class Execution:
     """The healed cut: its kept source blocks, healing steps, the ``auto`` search record (None for a fixed
-    strategy), the images its accuracy is reported on (test for ``auto``, validation+test otherwise) and, when
-    the cut was bridged, the bridged cut before any healing (the report's "bridged cut" row)."""
+    strategy), the images its accuracy is reported on (test for ``auto``, validation+test otherwise) and whether
+    the cut was bridged (then never healed: the report's "bridged cut" row is the model)."""
 
     model: nn.Module
     kept: list[int]
@@ -447,7 +447,7 @@ class Execution:
     search: dict[str, Any] | None
     eval_x: Images
     eval_y: Tensor
-    bridged: nn.Module | None = None
+    bridged: bool = False
     #: `measure_costs` of the uncut model and every depth tried, filled in by `execute`.
     costs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -457,7 +457,8 @@ def execute(plan: TruncationPlan) -> Execution:
     tried (`measure_costs`)."""
     r, split = plan.request, plan.split
     if plan.kept is None:
-        model, kept, search, bridged = auto_cut(plan)
+        model, kept, search = auto_cut(plan)
+        bridged = search["winner"] is not None and search["winner"]["bridge"] is not None
         execution = Execution(model, kept, search["healing_steps"], search, split.test_x, split.test_y, bridged)
         depths = {c["keep"] for c in search["candidates"]}
     else:
@@ -528,19 +529,17 @@ def report(plan: TruncationPlan, execution: Execution) -> dict[str, Any]:
 
 def stage_predictions(plan: TruncationPlan, execution: Execution) -> dict[str, Tensor]:
     """Predictions on the reported images of each model the run made, in the order it made them: ``uncut``,
-    then for a cut ``cut`` (as it is), ``bridged`` (when bridged) and ``healed`` (when healing took a step). The
-    last is the written model, always scored as itself."""
+    then for a cut ``cut`` (as it is) and, when repaired, ``bridged`` or ``healed`` (a cut is never both). The last
+    is the written model, always scored as itself."""
     x, search = execution.eval_x, execution.search
     reference = plan.uncut_test if search is not None and plan.uncut_test is not None else predict(plan.uncut, x)
     if len(execution.kept) == plan.depth:
         return {"uncut": reference}
     bridged, healed = execution.bridged, execution.healing_steps > 0
     stages = {"uncut": reference}
-    if bridged is not None or healed:  # the cut as it is was made, then repaired
+    if bridged or healed:  # the cut as it is was made, then repaired
         stages["cut"] = predict(cut_vit(plan.uncut, execution.kept), x)
-    if bridged is not None and healed:
-        stages["bridged"] = predict(bridged, x)
-    stages["healed" if healed else "bridged" if bridged is not None else "cut"] = predict(execution.model, x)
+    stages["healed" if healed else "bridged" if bridged else "cut"] = predict(execution.model, x)
     return stages
 
 
@@ -548,15 +547,26 @@ def to_certify(search: dict[str, Any], guarantee: SearchGuarantee) -> dict[str, 
     """What would certify the candidate nearest to qualifying (smallest upper bound) of a search that certified
     none: ``max_drop``, the smallest ``--max-drop`` (points, rounded up to 0.01) its bound is within, and
     ``validation_images``, how many validation images its observed rates of discordant images would need at
-    the run's ``max_drop`` (None: no number, its observed drop is not below it). None without candidates."""
+    the run's ``max_drop``; each None where no number does (its observed drop is not below the max drop) or
+    where the search would then choose another repair for it (`least_repair`: a larger max drop or more images
+    may pass it as it is, a model never measured on validation). None without candidates."""
     if not search["candidates"]:
         return None
     best = min(search["candidates"], key=lambda c: (c["validation_drop"]["upper_bound_points"], c["keep"]))
-    drop = best["validation_drop"]
+    drop, choice = best["validation_drop"], best.get("choice") or {}
     pair = PairedDrop(drop["images"], drop["uncut_only"], drop["cut_only"])
+    tried = {name: PairedDrop(choice["calibration_images"], c["uncut_only"], c["cut_only"])
+             for name, c in (choice.get("discordant") or {}).items()}
+
+    def same_repair(rule: AcceptanceRule, images: int) -> bool:
+        name, heal = least_repair(tried, rule, images, search["heal_steps"] > 0)
+        return ("heal" if heal else "bridge" if name == "bridged" else "none") == str(best["repair"])
+    max_drop = math.ceil(round(100 * drop["upper_bound_points"], 6)) / 100
+    images = guarantee.rule.images_to_qualify(pair)
     return {"strategy": best["strategy"], "keep": best["keep"], "repair": best["repair"],
-            "max_drop": math.ceil(round(100 * drop["upper_bound_points"], 6)) / 100,
-            "validation_images": guarantee.rule.images_to_qualify(pair)}
+            "upper_bound_points": drop["upper_bound_points"],
+            "max_drop": max_drop if same_repair(AcceptanceRule(max_drop, guarantee.alpha), pair.images) else None,
+            "validation_images": images if images is not None and same_repair(guarantee.rule, images) else None}
 
 
 def _write_model(plan: TruncationPlan, execution: Execution, result: dict[str, Any], out: Path) -> Path:
@@ -799,14 +809,14 @@ def _points(fraction: float) -> str:
     return f"{value:.2f} point{'' if value == 1 else 's'}"
 
 
-def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any], nn.Module | None]:
+def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]]:
     """The cheapest certified cut of the plan's uncut model (or a copy of it), its kept blocks, the search
-    record (`isiwatch.truncation.search`) and, for a bridged and healed winner, its bridged cut before healing.
+    record (`isiwatch.truncation.search`).
 
     Each cut of the fixed order is repaired as `CutRepair` chooses on the healing images (as it is, bridged, or
-    healed in full with `TruncationPlan.heal_steps`) and tested, in that one sequence, by `TruncationPlan.guarantee`;
-    the winner's model is the one it tested. The search journal (``journal``) makes an interrupted search resumable
-    (``resume``).
+    healed in full from the cut as it is, `TruncationPlan.heal_steps`) and tested, in that one sequence, by
+    `TruncationPlan.guarantee`; the winner's model is the one it tested. The search journal (``journal``) makes an
+    interrupted search resumable (``resume``).
     """
     r, split, uncut = plan.request, plan.split, plan.uncut
     assert plan.distances is not None  # plan() measures them for auto
@@ -822,11 +832,10 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
             return None
         return choose_blocks(strategy, depth, keep, phases=plan.phases, distances=plan.distances, seed=r.seed)
 
-    repair = CutRepair(uncut, first_images(split.probe_x, r.images)[0], r.bridge)
-    enough = would_qualify(guarantee, len(split.val_y))
+    repair = CutRepair(uncut, *first_images(split.probe_x, r.images), r.bridge)
 
     def score(kept: list[int], may_heal: bool) -> Score:
-        choice = repair.choose(kept, enough, may_heal and full > 0)
+        choice = repair.choose(kept, guarantee.rule, len(split.val_y), may_heal and full > 0)
         model = choice.model
         correct = predict(model, split.val_x) == split.val_y
         cut = float(correct.float().mean())
@@ -874,24 +883,10 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
                                 f"{REPAIRS[closest.repair]}, dropped "
                                 f"{_points(closest.drop.drop)} on validation with an upper bound of "
                                 f"{_points(closest.bound)}"))
-        return copy.deepcopy(uncut), list(range(depth)), record, None
+        return copy.deepcopy(uncut), list(range(depth)), record
     record["message"] = None
     assert isinstance(model, nn.Module)
-    bridged = None
-    if winner.bridge is not None:
-        bridged = model if winner.healing_steps == 0 else repair.choose(winner.kept, enough, False).model
-    return model, winner.kept, record, bridged
-
-
-def would_qualify(guarantee: SearchGuarantee, images: int) -> Callable[[float], bool]:
-    """Whether a cut that disagrees with the uncut model on a share of the healing images would qualify on
-    ``images`` validation images, every disagreement counted as an image only the uncut model gets right (the
-    repair choice's prediction, `CutRepair.choose`)."""
-    rule = guarantee.rule
-
-    def enough(disagreement: float) -> bool:
-        return rule.qualifies(PairedDrop(images, min(images, round(disagreement * images)), 0))
-    return enough
+    return model, winner.kept, record
 
 
 def _winner_model(search: CutSearch, winner: Candidate | None,

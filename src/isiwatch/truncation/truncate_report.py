@@ -77,13 +77,13 @@ def report_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
 
 
 def candidates_table(report: dict[str, Any]) -> str:
-    """Every cut ``auto`` tested, in its one fixed order: its repair (none, bridge, heal, bridge+heal) and what
+    """Every cut ``auto`` tested, in its one fixed order: its repair (none, bridge, heal) and what
     chose it (`choice_cell`), validation accuracies, the paired drop and its bound, healing steps (0: not healed),
     costs, the verdict."""
     search = report["search"]
     candidates = search["candidates"]
     batch = candidates[0].get("latency_batch", 64) if candidates else 64
-    header = ["strategy", "blocks", "kept", "repair", "heal-image disagreement", "heal steps", "val cut",
+    header = ["strategy", "blocks", "kept", "repair", "heal-image bound", "heal steps", "val cut",
               "val repaired", "val drop", "bound", "params", "MFLOPs/img", f"latency ms/{batch} (IQR)", ""]
     rows = [[c["strategy"], c["keep"], ",".join(map(str, c["kept_blocks"])), c.get("repair", "-"),
              choice_cell(c.get("choice") or {}), c["healing_steps"],
@@ -96,11 +96,10 @@ def candidates_table(report: dict[str, Any]) -> str:
 
 
 def choice_cell(choice: dict[str, Any]) -> str:
-    """What chose a candidate's repair: its disagreement with the uncut model on the healing images as cut and
-    bridged (percent), "-" when there was nothing to choose."""
-    tried = choice.get("disagreement") or {}
-    return " / ".join(f"{'cut' if name == 'cut' else 'bridged'} {100 * share:.1f} %" for name, share in tried.items()) \
-        or "-"
+    """What chose a candidate's repair: the upper bound (points) the cut as it is and bridged would have on the
+    validation split with their rates of discordant healing images, "-" when there was nothing to choose."""
+    tried = choice.get("predicted_bound_points") or {}
+    return " / ".join(f"{name} {points:.2f}" for name, points in tried.items()) or "-"
 
 
 def rule_line(search: dict[str, Any]) -> str:
@@ -117,15 +116,15 @@ def rule_line(search: dict[str, Any]) -> str:
     repairs = ["as it is"] + ([f"bridged ({bridge['method']})"] if bridge["method"] != "none" else []) + (
         [f"healed ({search['heal_steps']} steps, {search['budget']} candidates at most)"] if search["heal_steps"]
         else [])
-    chosen = (f"; each cut {', '.join(repairs[:-1])} or {repairs[-1]}: the least repair whose disagreement with "
-              f"the uncut model on {bridge['calibration_images']} healing images would qualify"
+    chosen = (f"; each cut {', '.join(repairs[:-1])} or {repairs[-1]}: the least repair that would qualify with its "
+              f"rates of discordant images among {bridge['calibration_images']} healing images (heal-image bound)"
               if len(repairs) > 1 else "; cuts as they are (no repair)")
     return (f"uncut accuracy validation n={search['validation_images']} {search['uncut_validation_accuracy']:.3f} "
             f"(val columns: the same {search['validation_images']} images); a cut qualifies when {how}; drops and "
             f"bounds in points{chosen}")
 
 
-#: How a repair reads in a sentence.
+#: How a repair reads in a sentence ("bridge+heal": reports written before issue 49).
 REPAIRS = {"none": "as cut", "bridge": "bridged", "heal": "healed", "bridge+heal": "bridged and healed"}
 
 
@@ -155,13 +154,16 @@ def no_cut_line(report: dict[str, Any]) -> str | None:
     need = search.get("to_certify")
     if not need:
         return "no certified cut: no candidate was tested; no model written"
-    how = REPAIRS[need["repair"]]
-    images = need["validation_images"]
+    how, images = REPAIRS[need["repair"]], need["validation_images"]
+    nearest = f"no certified cut, no model written: the nearest candidate, {need['strategy']} keeping {need['keep']} "
+    if need["max_drop"] is None:
+        return (f"{nearest}blocks {how}, had an upper bound of {need['upper_bound_points']:.2f} points; with a "
+                "--max-drop that large the search would repair it otherwise (its heal-image bound would qualify), "
+                "so no --max-drop is promised")
     more = (f", or about {images:,} validation images at its observed rates ({search['validation_images']:,} now)"
-            if images else " (at the present max drop no number of validation images would: its observed drop "
-                           "is not below it)")
-    return (f"no certified cut, no model written: the nearest candidate, {need['strategy']} keeping {need['keep']} "
-            f"blocks {how}, would be certified with --max-drop {need['max_drop']:.2f}{more}")
+            if images else " (at the present max drop no number of validation images certifies it as it was "
+                           "tested)")
+    return f"{nearest}blocks {how}, would be certified with --max-drop {need['max_drop']:.2f}{more}"
 
 
 def report_table(report: dict[str, Any]) -> str:
