@@ -78,11 +78,11 @@ class CutRepair:
     """The repair of each cut of ``uncut`` an ``auto`` search tests, chosen on the calibration ``images`` and their
     ``labels`` (healing images, never validation ones), the least repair first: the cut as it is when its paired
     comparison with the uncut model there, scaled to the validation split, would qualify; else bridged (``method``)
-    when that would; else healed from the cut as it is (when the caller may heal; healing a bridged cut certified
-    fewer blocks in ``benchmarks/bench_bridge.py``), or, when it may not, whichever of the two comes closer. The
-    choice reads no validation image, so it belongs to the search's fixed order. Each cut is judged and fitted once,
-    on the uncut stream kept between cuts (`UncutStream`): a cut runs only from its first dropped block, and only
-    when there is a choice to make."""
+    when that would; else healed from the cut as it is (when the caller may heal; healing bridged cuts certified fewer
+    blocks in an earlier run of ``benchmarks/bench_bridge.py``), or, when it may not, whichever of the two comes
+    closer. The choice reads no validation image, so it belongs to the search's fixed order. Each cut is judged and
+    fitted once, on the uncut stream kept between cuts (`UncutStream`): a cut runs only from its first dropped block,
+    and only when there is a choice to make."""
 
     def __init__(self, uncut: nn.Module, images: Tensor, labels: Tensor, method: str = DEFAULT_BRIDGE):
         self.uncut, self.images, self.labels, self.method = uncut, images, labels, method
