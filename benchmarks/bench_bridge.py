@@ -130,6 +130,13 @@ class CountedRepair(CutRepair):
         self.spent.add(key)
         return super().judge(kept, name)
 
+    def judge_healed(self, kept: list[int], model: torch.nn.Module) -> PairedDrop:
+        key = ("judge", tuple(kept), self.method, "healed")
+        if key not in self.costs:
+            self.costs[key] = measured(lambda: super(CountedRepair, self).judge_healed(kept, model))
+        self.spent.add(key)
+        return super().judge_healed(kept, model)
+
     def bridged(self, kept: list[int]) -> bool:
         key = ("fit", tuple(kept), self.method)
         if key not in self.costs:
@@ -152,6 +159,7 @@ class Candidates:
                         for fit in {f for f, _, _ in ARMS.values()}}
         self.stream_cost = {fit: measured(lambda r=repair: r.stream.reference) for fit, repair in self.repairs.items()}
         self.correct: dict[tuple, torch.Tensor] = {}
+        self.states: dict[tuple, dict] = {}  # a heal's key: the healed weights
 
     def blocks_for(self, strategy: str, keep: int) -> list[int] | None:
         p = self.plan
@@ -168,13 +176,21 @@ class Candidates:
         """Held-out correctness of the cut keeping ``kept`` as cut or bridged (``base``), healed ``steps``."""
         key = (tuple(kept), fit if base == "bridged" else "", base, steps)  # a cut as it is: one for every fit
         if key not in self.correct:
-            model = self.repairs[fit].variants(kept)[base][0]
-            model = copy.deepcopy(model)
+            model = copy.deepcopy(self.repairs[fit].variants(kept)[base][0])
             self.costs[key] = measured(lambda: self.plan.heal(model, steps)) if steps else (0, 0.0)
+            self.states[key] = model.state_dict()
             self.correct[key] = predict(model, self.plan.split.held_out_x) == self.labels
         if spent is not None:
             spent.add(key)
         return self.correct[key]
+
+    def healer(self, kept: list[int], fit: str, steps: int, spent: set[tuple]) -> Callable[[torch.nn.Module], int]:
+        """``CutRepair.choose``'s ``heal``: the cut as it is healed ``steps`` (once; later calls load its weights)."""
+        def heal(model: torch.nn.Module) -> int:
+            self.of(kept, fit, "cut", steps, spent)
+            model.load_state_dict(self.states[(tuple(kept), "", "cut", steps)])
+            return steps
+        return heal
 
     def pair(self, kept: list[int], fit: str, base: str, steps: int, images: torch.Tensor,
              spent: set[tuple] | None = None) -> PairedDrop:
@@ -244,9 +260,9 @@ def run_now(cands: Candidates, arm: str, val: torch.Tensor, max_drop: float) -> 
     chosen: dict[tuple, tuple[str, int]] = {}
 
     def score(strategy: str, kept: list[int], may_heal: bool) -> Score:
-        choice = repair.choose(kept, guarantee.rule, len(val), may_heal and full > 0)
-        base = "cut" if choice.record["base"] == "as cut" else "bridged"
-        steps = full if choice.heal else 0
+        heal = cands.healer(kept, fit, full, spent) if may_heal and full > 0 else None
+        choice = repair.choose(kept, guarantee.rule, len(val), heal)
+        base, steps = "cut" if choice.record["base"] == "as cut" else "bridged", choice.steps
         chosen[tuple(kept)] = (base, steps)
         correct = cands.of(kept, fit, base, steps, spent)[val]
         return Score(0.0, float(correct.float().mean()), cands.pair(kept, fit, base, steps, val), steps,

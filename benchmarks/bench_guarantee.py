@@ -35,6 +35,7 @@ import copy
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import timm
@@ -96,6 +97,7 @@ class Candidates:
         r = planned.request
         self.repair = CutRepair(planned.uncut, *first_images(planned.split.probe_x, r.images), r.bridge)
         self.correct: dict[tuple[tuple[int, ...], int, str], torch.Tensor] = {}
+        self.states: dict[tuple[tuple[int, ...], int, str], dict] = {}  # the healed weights
         self.heals = 0
 
     def blocks_for(self, strategy: str, keep: int) -> list[int] | None:
@@ -111,8 +113,17 @@ class Candidates:
             if steps:
                 self.plan.heal(model, steps)
                 self.heals += 1
+            self.states[key] = model.state_dict()
             self.correct[key] = predict(model, self.plan.split.held_out_x) == self.labels
         return self.correct[key]
+
+    def healer(self, kept: list[int], steps: int) -> Callable[[torch.nn.Module], int]:
+        """``CutRepair.choose``'s ``heal``: the cut as it is healed ``steps`` (once; later calls load its weights)."""
+        def heal(model: torch.nn.Module) -> int:
+            self.of(kept, steps)
+            model.load_state_dict(self.states[(tuple(kept), steps, "cut")])
+            return steps
+        return heal
 
     def pair(self, kept: list[int], steps: int, images: torch.Tensor, base: str = "cut") -> PairedDrop:
         return PairedDrop.from_correct(self.uncut[images].tolist(), self.of(kept, steps, base)[images].tolist())
@@ -130,8 +141,9 @@ def fixed_sequence(cands: Candidates, val: torch.Tensor,
     chosen: dict[tuple[int, ...], tuple[int, str]] = {}
 
     def score(strategy: str, kept: list[int], may_heal: bool) -> Score:
-        choice = cands.repair.choose(kept, guarantee.rule, len(val), may_heal and full > 0)
-        steps, base = full if choice.heal else 0, "cut" if choice.record["base"] == "as cut" else "bridged"
+        heal = cands.healer(kept, full) if may_heal and full > 0 else None
+        choice = cands.repair.choose(kept, guarantee.rule, len(val), heal)
+        steps, base = choice.steps, "cut" if choice.record["base"] == "as cut" else "bridged"
         chosen[tuple(kept)] = (steps, base)
         return Score(0.0, float(cands.of(kept, steps, base)[val].float().mean()),
                      cands.pair(kept, steps, val, base), steps, choice.repair)

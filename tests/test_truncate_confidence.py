@@ -240,3 +240,16 @@ def test_a_bridged_cut_has_a_row_of_its_own_after_the_cut_as_it_is():
     rows = report_rows(report)[1]
     assert [(r[0], r[-2], r[-1]) for r in rows] == [("uncut", 0.9, 1.0), ("cut", 0.8, 0.85),
                                                     ("bridged cut", 0.86, 0.9), ("healed", 0.89, 0.95)]
+
+
+def test_a_rejected_heal_counts_against_the_budget():
+    """A heal the repair choice spent and then rejected (it came no closer on the healing images) is a heal of the
+    budget: the next candidate may not heal."""
+    asked = []
+
+    def score(strategy, kept, may_heal):
+        asked.append(may_heal)
+        return Score(0.0, 0.9, PairedDrop(1000, 0, 0), 0, "none", {"heal_rejected": 4} if may_heal else {})
+    search = CutSearch(4, SearchGuarantee(1.0, 0.95), 1, lambda s, k: list(range(k)) if s == "bi" else None, score)
+    search.run()
+    assert asked == [True, False, False] and search.healed == 1

@@ -76,8 +76,31 @@ def test_after_the_first_cut_a_search_fits_and_judges_a_bridge_for_less_than_one
     forward = count_flops(lambda: predict(uncut, images))
     repair = CutRepair(uncut.eval(), images, torch.randint(0, 10, (256,)), "lstsq")
     never = AcceptanceRule(0.0, 0.05)  # nothing qualifies at a max drop of 0: each cut is judged, fitted, judged
-    count_flops(lambda: repair.choose(list(range(8)), never, 500, False))  # the first cut stores the stream
-    second = count_flops(lambda: repair.choose(list(range(6)), never, 500, False))
+    count_flops(lambda: repair.choose(list(range(8)), never, 500))  # the first cut stores the stream
+    second = count_flops(lambda: repair.choose(list(range(6)), never, 500))
     assert 0 < second < 0.5 * forward
     assert repair.models[tuple(range(6))]["bridged"][1] is not None  # it was bridged (fitted and judged)
     assert set(repair.calibration[tuple(range(6))]) == {"cut", "bridged"}
+
+
+def test_a_heal_that_comes_no_closer_on_the_healing_images_is_not_tested():
+    """A heal is kept only when the healed cut's bound on the calibration images (which it trained on) comes closer
+    than the unhealed cut's; one that falls short even there is recorded as rejected (its steps), and the cut is
+    tested as it is."""
+    uncut, _ = make_digits_vit(0, depth=6)
+    images = torch.randn(128, 1, 28, 28)
+    labels = predict(uncut.eval(), images)  # the uncut model right on every image: a cut can only lose
+    repair = CutRepair(uncut, images, labels, "none")
+    never = AcceptanceRule(0.0, 0.05)
+
+    def ruin(model):  # a "heal" that makes every prediction the same class
+        with torch.no_grad():
+            for p in model.head.parameters():
+                p.zero_()
+        return 7
+    choice = repair.choose([0, 1, 2, 3], never, 500, ruin)
+    assert choice.steps == 0 and choice.repair == "none" and choice.record["heal_rejected"] == 7
+    bounds = choice.record["predicted_bound_points"]
+    assert bounds["healed"] >= bounds["cut"] and not choice.record["heal"]
+    assert choice.model is not repair.models[(0, 1, 2, 3)]["cut"][0]  # a fresh copy, never the stored cut
+    assert torch.equal(predict(choice.model, images), predict(repair.models[(0, 1, 2, 3)]["cut"][0], images))

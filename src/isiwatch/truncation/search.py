@@ -148,8 +148,8 @@ class CutSearch:
 
     @property
     def healed(self) -> int:
-        """Candidates healed so far (journalled ones included)."""
-        return sum(c.healing_steps > 0 for c in self.candidates)
+        """Candidates healed so far, a heal the repair choice rejected included (journalled ones too)."""
+        return sum(c.healing_steps > 0 or bool(c.choice.get("heal_rejected")) for c in self.candidates)
 
     def evaluate(self, strategy: str, kept: list[int]) -> Candidate:
         """Repair and score one cut (one an interrupted run journalled is not repaired again)."""
@@ -163,7 +163,7 @@ class CutSearch:
             candidate = Candidate(strategy, kept, score.cut_accuracy, score.healed_accuracy, score.drop,
                                   rule.bound(score.drop), rule.qualifies(score.drop), score.steps, score.repair,
                                   score.choice, score.bridge)
-            if score.steps:
+            if score.steps or score.choice.get("heal_rejected"):  # a heal was spent on it
                 self.journal.record(candidate.to_dict())
             model = score.model
         self.candidates.append(candidate)

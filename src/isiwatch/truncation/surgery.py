@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,19 +46,19 @@ def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
 
 @dataclass
 class RepairChoice:
-    """How one cut is repaired before the search tests it: ``model`` (a fresh copy of the cut as it is or
-    bridged), its bridge's record (`BridgeFit.to_dict`; None: not bridged), whether to ``heal`` it and ``record``,
-    what the choice read (`CutRepair.choose`)."""
+    """How one cut is repaired before the search tests it: ``model`` (a fresh copy of the cut as it is, bridged or
+    healed), its bridge's record (`BridgeFit.to_dict`; None: not bridged), its healing ``steps`` (0: not healed)
+    and ``record``, what the choice read (`CutRepair.choose`)."""
 
     model: nn.Module
     bridge: dict[str, Any] | None
-    heal: bool
+    steps: int
     record: dict[str, Any]
 
     @property
     def repair(self) -> str:
         """"none", "bridge" or "heal" (a healed cut is healed from the cut as it is)."""
-        return "heal" if self.heal else "bridge" if self.bridge is not None else "none"
+        return "heal" if self.steps else "bridge" if self.bridge is not None else "none"
 
 
 def least_repair(tried: dict[str, PairedDrop], rule: AcceptanceRule, images: int,
@@ -66,12 +67,13 @@ def least_repair(tried: dict[str, PairedDrop], rule: AcceptanceRule, images: int
     on the calibration images (``tried``: "cut" as it is and, when fitted, "bridged"): the first of them that would
     qualify at its rates of discordant images, else healed from the cut as it is when ``may_heal``, else the one
     that comes closer; as (name, heal)."""
-    for name in ("cut", "bridged"):
-        if name in tried and rule.qualifies(tried[name].scaled(images)):
+    unhealed = [name for name in ("cut", "bridged") if name in tried]
+    for name in unhealed:
+        if rule.qualifies(tried[name].scaled(images)):
             return name, False
-    if may_heal or not tried:
+    if may_heal or not unhealed:
         return "cut", may_heal
-    return min(tried, key=lambda n: rule.bound(tried[n].scaled(images))), False  # ties: as cut
+    return min(unhealed, key=lambda n: rule.bound(tried[n].scaled(images))), False  # ties: as cut
 
 
 class CutRepair:
@@ -92,14 +94,39 @@ class CutRepair:
         self.disagreement: dict[tuple[int, ...], dict[str, float]] = {}
         self.seconds = 0.0
 
-    def choose(self, kept: list[int], rule: AcceptanceRule, images: int, may_heal: bool) -> RepairChoice:
+    def choose(self, kept: list[int], rule: AcceptanceRule, images: int,
+               heal: Callable[[nn.Module], int] | None = None) -> RepairChoice:
         """The repair of the cut keeping ``kept`` that ``rule`` would pass on ``images`` validation images with the
-        calibration images' rates of discordant images (`predicted`); ``may_heal``: healing is allowed."""
-        if self.method != "none" or may_heal:  # else nothing to choose from: no pass
+        calibration images' rates of discordant images (`least_repair`); ``heal(model) -> steps`` heals a copy of
+        the cut in place (None: no healing allowed). A healed cut is kept only when its bound on the calibration
+        images, which it trained on, comes closer than the unhealed one's: a heal that falls short even there
+        would change predictions for nothing (recorded as ``heal_rejected``, its steps)."""
+        if self.method != "none" or heal is not None:  # else nothing to choose from: no pass
             if not rule.qualifies(self.judge(kept, "cut").scaled(images)) and self.bridged(kept):
                 self.judge(kept, "bridged")
-        name, heal = least_repair(self.calibration.get(tuple(kept), {}), rule, images, may_heal)
-        return self._chosen(kept, name, heal, rule, images)
+        tried = self.calibration.get(tuple(kept), {})
+        name, healing = least_repair(tried, rule, images, heal is not None)
+        if not healing or heal is None:
+            return self._chosen(kept, name, rule, images)
+        model = copy.deepcopy(self.variants(kept)["cut"][0])
+        steps = heal(model)
+        base, _ = least_repair(tried, rule, images, False)
+        if rule.bound(self.judge_healed(kept, model).scaled(images)) < rule.bound(tried[base].scaled(images)):
+            return RepairChoice(model, None, steps, self._record(kept, "cut", steps, rule, images))
+        return self._chosen(kept, base, rule, images, rejected=steps)
+
+    def judge_healed(self, kept: list[int], model: nn.Module) -> PairedDrop:
+        """The paired comparison with the uncut model on the calibration images of the cut keeping ``kept`` healed
+        (``model``; a whole pass, healing trains blocks before the first dropped one too), measured once: a heal of
+        a cut is seeded, so the same each time."""
+        tried = self.calibration.setdefault(tuple(kept), {})
+        if "healed" not in tried:
+            start = time.perf_counter()
+            predictions = self.stream.predictions(model, 0)
+            tried["healed"] = PairedDrop.from_correct((self.stream.reference == self.labels).tolist(),
+                                                      (predictions == self.labels).tolist())
+            self.seconds += time.perf_counter() - start
+        return tried["healed"]
 
     def judge(self, kept: list[int], name: str) -> PairedDrop:
         """The paired comparison with the uncut model on the calibration images of the cut keeping ``kept``
@@ -132,14 +159,19 @@ class CutRepair:
         record (None: not bridged)."""
         return self.models.setdefault(tuple(kept), {"cut": (cut_vit(self.uncut, kept), None)})
 
-    def _chosen(self, kept: list[int], name: str, heal: bool, rule: AcceptanceRule, images: int) -> RepairChoice:
+    def _chosen(self, kept: list[int], name: str, rule: AcceptanceRule, images: int, rejected: int = 0) -> RepairChoice:
         model, fit = self.variants(kept)[name]
+        record = self._record(kept, name, 0, rule, images)
+        if rejected:
+            record["heal_rejected"] = rejected
+        return RepairChoice(copy.deepcopy(model), fit, 0, record)
+
+    def _record(self, kept: list[int], name: str, steps: int, rule: AcceptanceRule, images: int) -> dict[str, Any]:
         tried = self.calibration.get(tuple(kept), {})
-        record = {"calibration_images": len(self.images),
-                  "discordant": {n: {"uncut_only": p.uncut_only, "cut_only": p.cut_only} for n, p in tried.items()},
-                  "predicted_bound_points": {n: 100 * rule.bound(p.scaled(images)) for n, p in tried.items()},
-                  "base": "as cut" if name == "cut" else "bridged", "heal": heal}
-        return RepairChoice(copy.deepcopy(model), fit, heal, record)
+        return {"calibration_images": len(self.images),
+                "discordant": {n: {"uncut_only": p.uncut_only, "cut_only": p.cut_only} for n, p in tried.items()},
+                "predicted_bound_points": {n: 100 * rule.bound(p.scaled(images)) for n, p in tried.items()},
+                "base": "as cut" if name == "cut" else "bridged", "heal": steps > 0}
 
     def to_dict(self) -> dict[str, Any]:
         """The bridge's settings and what judging and fitting cost over every cut (seconds, images)."""

@@ -835,17 +835,13 @@ def auto_cut(plan: TruncationPlan) -> tuple[nn.Module, list[int], dict[str, Any]
     repair = CutRepair(uncut, *first_images(split.probe_x, r.images), r.bridge)
 
     def score(kept: list[int], may_heal: bool) -> Score:
-        choice = repair.choose(kept, guarantee.rule, len(split.val_y), may_heal and full > 0)
-        model = choice.model
-        correct = predict(model, split.val_x) == split.val_y
-        cut = float(correct.float().mean())
-        steps = 0
-        if choice.heal:
-            steps = plan.heal(model, full)
-            correct = predict(model, split.val_x) == split.val_y
-        return Score(cut, float(correct.float().mean()), PairedDrop.from_correct(uncut_correct.tolist(),
-                                                                                   correct.tolist()),
-                     steps, choice.repair, choice.record, choice.bridge, model)
+        heal = (lambda model: plan.heal(model, full)) if may_heal and full > 0 else None
+        choice = repair.choose(kept, guarantee.rule, len(split.val_y), heal)
+        correct = predict(choice.model, split.val_x) == split.val_y
+        before = predict(repair.variants(kept)["cut"][0], split.val_x) == split.val_y if choice.steps else correct
+        return Score(float(before.float().mean()), float(correct.float().mean()),
+                     PairedDrop.from_correct(uncut_correct.tolist(), correct.tolist()), choice.steps, choice.repair,
+                     choice.record, choice.bridge, choice.model)
 
     record: dict[str, Any] = {
         "max_drop": r.max_drop, "confidence": r.confidence, "rule": guarantee.to_dict(), "budget": r.budget,
