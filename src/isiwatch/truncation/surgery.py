@@ -22,7 +22,7 @@ from .confidence import AcceptanceRule, PairedDrop
 from .strategies import DEFAULT_STRATEGY, CutInputs, choose_blocks, get_strategy
 from .uncut_stream import UncutStream
 
-__all__ = ["CutRepair", "RepairChoice", "cut", "cut_vit", "least_repair", "measure_inputs"]
+__all__ = ["CutRepair", "RepairChoice", "cut", "cut_vit", "least_repair", "measure_inputs", "repair_name"]
 
 
 def cut_vit(model: nn.Module, kept: list[int]) -> nn.Module:
@@ -58,7 +58,12 @@ class RepairChoice:
     @property
     def repair(self) -> str:
         """"none", "bridge" or "heal" (a healed cut is healed from the cut as it is)."""
-        return "heal" if self.steps else "bridge" if self.bridge is not None else "none"
+        return repair_name("bridged" if self.bridge is not None else "cut", self.steps > 0)
+
+
+def repair_name(base: str, healed: bool) -> str:
+    """A repair's name in records: "heal" (a healed cut), "bridge" (``base`` "bridged") or "none" (``base`` "cut")."""
+    return "heal" if healed else "bridge" if base == "bridged" else "none"
 
 
 def least_repair(tried: dict[str, PairedDrop], rule: AcceptanceRule, images: int,

@@ -65,7 +65,7 @@ from .strategies import (
     get_strategy,
     inputs_needed,
 )
-from .surgery import CutRepair, cut_vit, least_repair, measure_inputs
+from .surgery import CutRepair, cut_vit, least_repair, measure_inputs, repair_name
 from .truncate_report import REPAIRS, candidates_table, measure, report_table
 
 if TYPE_CHECKING:
@@ -560,7 +560,7 @@ def to_certify(search: dict[str, Any], guarantee: SearchGuarantee) -> dict[str, 
 
     def same_repair(rule: AcceptanceRule, images: int) -> bool:
         name, heal = least_repair(tried, rule, images, search["heal_steps"] > 0)
-        return ("heal" if heal else "bridge" if name == "bridged" else "none") == str(best["repair"])
+        return repair_name(name, heal) == str(best["repair"])
     max_drop = math.ceil(round(100 * drop["upper_bound_points"], 6)) / 100
     images = guarantee.rule.images_to_qualify(pair)
     return {"strategy": best["strategy"], "keep": best["keep"], "repair": best["repair"],
