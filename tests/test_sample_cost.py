@@ -39,18 +39,38 @@ def counted_sample(model, images: int) -> tuple[OpCount, OpCount]:
 
 def test_a_sample_costs_ops_that_do_not_grow_with_the_probe_images_and_reads_the_host_once_or_twice():
     """16 and 128 probe images: the sample's op count is the same (the per-image attention and per-chunk metric
-    loops made it 22x and 87x a forward's), under 6x a plain forward's (the issue's goal is 4x: the probes' 12
+    loops made it 22x and 87x a forward's), at most 5x a plain forward's (5.45x before the attention statistics
+    were kept per block and the host read joined the values in one op; the issue's goal is 4x: the probes' 12
     conjugate-gradient steps alone are about 1.6x a vit_tiny forward's ops), and the host is read twice: the one
     read of every number (loss included) and the ridge's batched eigh, which checks its result."""
     model = vit_tiny()
     (fwd16, s16), (fwd128, s128) = counted_sample(model, 16), counted_sample(model, 128)
     assert fwd16.ops == fwd128.ops
     assert s128.ops <= 1.1 * s16.ops, (s16.ops, s128.ops)
-    assert s16.ops <= 6 * fwd16.ops, (s16.ops, fwd16.ops)
+    assert s16.ops <= 5 * fwd16.ops, (s16.ops, fwd16.ops)
     for count in (s16, s128):
         assert count.scalar_reads <= 2, (dict(count.syncs), dict(count.reads))
         assert dict(count.reads) == {"tolist": 1}  # read_back's one read; nothing else reads the host
         assert set(count.syncs) <= {"_linalg_eigh"}
+
+
+def test_the_host_read_costs_the_same_ops_for_2_or_20_values():
+    """read_back joins the values in their own dtypes (a 0-d loss, a bf16 tensor) and converts once: its ops do not
+    grow with the values (a detach, reshape and copy per value made it 3 more ops each), and the numbers are exact."""
+    from isiwatch.measure.readback import read_back
+
+    def counted(n: int) -> tuple[OpCount, dict[str, list[float]]]:
+        values = {f"v{i}": torch.full((3,), 0.1 * i) for i in range(n)}
+        values["loss"] = torch.tensor(0.25, dtype=torch.bfloat16, requires_grad=True) * 2
+        with OpCount() as count:
+            read = read_back(values)
+        return count, read
+
+    (two, read2), (twenty, read20) = counted(2), counted(20)
+    assert two.ops == twenty.ops, (dict(two.by_name), dict(twenty.by_name))
+    assert read20["loss"] == [0.5]
+    assert read20["v7"] == [torch.tensor(0.7).item()] * 3  # the float32 value, widened exactly
+    assert dict(twenty.reads) == {"tolist": 1}
 
 
 def test_a_sample_shows_its_parts_in_the_users_profiler():

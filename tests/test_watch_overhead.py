@@ -126,11 +126,11 @@ def test_a_render_still_running_is_not_doubled(probe, tmp_path):
 
 
 @pytest.mark.parametrize("form", ["q_k", "q_k_masked", "logits"])
-def test_attention_stats_rebuilt_path_matches_the_softmax_reference(form, monkeypatch):
+def test_attention_rows_rebuilt_path_match_the_softmax_reference(form, monkeypatch):
     """The entropy and [CLS] share rebuilt from q/k or the model's logits, in several passes (a memory bound
     smaller than the scores, a −inf mask), equal the plain softmax computation, and the model's own logits are left
     as they were."""
-    from isiwatch.measure.metrics import attention_stats
+    from isiwatch.measure.metrics import attention_curves, attention_rows
     from isiwatch.taps import AttentionScores, attention
 
     gen = torch.Generator().manual_seed(0)
@@ -144,7 +144,7 @@ def test_attention_stats_rebuilt_path_matches_the_softmax_reference(form, monkey
         bias[:, 0] = 0.0  # every query sees [CLS]
     logits = q @ k.transpose(-2, -1) * scale + (0 if bias is None else bias)
     scores = AttentionScores(logits=logits.clone()) if form == "logits" else AttentionScores(q, k, scale, bias)
-    entropy, share = attention_stats(scores, p, has_cls=True)
+    entropy, share = attention_curves(*attention_rows(scores), t, p, has_cls=True)
 
     probs = logits.softmax(-1)
     expected_entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean((1, 2)) / math.log(t)

@@ -45,22 +45,26 @@ def _norm(squared: Tensor) -> Tensor:
     return squared.sqrt().clamp_min(EPS)
 
 
-def attention_stats(scores: AttentionScores, p: int, has_cls: bool) -> tuple[Tensor, Tensor | None]:
-    """(attn_entropy, cls_attention_share) per image from a block's attention (its per-row statistics,
-    `row_stats`).
+def attention_rows(scores: AttentionScores) -> tuple[Tensor, Tensor]:
+    """(entropy, first) of each query row of a block's attention averaged over its heads, (B,Tq) each: what
+    `attention_curves` needs, kept per block until the formulas run for all blocks at once."""
+    rows = scores.row_stats()
+    return rows.entropy.mean(1), rows.first.mean(1)
+
+
+def attention_curves(entropy: Tensor, first: Tensor, keys: int, p: int, has_cls: bool) -> tuple[Tensor, Tensor | None]:
+    """(attn_entropy, cls_attention_share) per image from `attention_rows` (…,Tq) of attentions over ``keys``
+    keys.
 
     The entropy is averaged over heads and query rows and normalised by ln Tk (0 = one source, 1 = uniform); masked
     (−inf) scores carry no probability and add nothing. The [CLS] share is Tk · mean attention that patch queries
     pay to [CLS] (1 = uniform); NaN where patches do not query (CaiT's class attention).
     """
-    rows = scores.row_stats()
-    b, _, tq, tk = scores.shape
-    entropy = rows.entropy.mean((1, 2)) / math.log(tk)
+    mean_entropy = entropy.mean(-1) / math.log(keys)
     share = None
     if has_cls:
-        share = rows.first[:, :, p:].mean((1, 2)) * tk if tq == tk else torch.full((b,), math.nan,
-                                                                                 device=entropy.device)
-    return entropy, share
+        share = first[..., p:].mean(-1) * keys if first.shape[-1] == keys else torch.full_like(mean_entropy, math.nan)
+    return mean_entropy, share
 
 
 def patch_center(z: Tensor, p: int) -> Tensor:
@@ -114,17 +118,24 @@ TABLE_COLUMNS = (0, 6, 12, 25, 31, 37, 18, 24, 3, 2)
 class BlockSums:
     """One block reduced to what its metrics need, on the model's device.
 
-    ``tokens``: (B,T,10) per-token dot products (`TABLE_COLUMNS`); ``similarity``: (B,) ‖Σᵢ uᵢ‖² of the
-    normalised centred patch tokens; ``entropy``/``share``: (B,) from the attention (`attention_stats`);
-    ``p``/``has_cls``: the block's prefix tokens and whether the first is a [CLS].
+    ``tokens``: (B,T,10) per-token dot products (`TABLE_COLUMNS`); ``total``: (B,1,D) Σᵢ uᵢ of the normalised
+    centred patch tokens (``token_similarity`` reads ‖Σᵢ uᵢ‖²); ``entropy``/``first``: (B,Tq) from the attention
+    (`attention_rows`) over ``keys`` keys; ``p``/``has_cls``: the block's prefix tokens and whether the first is a
+    [CLS].
     """
 
     tokens: Tensor
-    similarity: Tensor
+    total: Tensor
     entropy: Tensor
-    share: Tensor | None
+    first: Tensor
+    keys: int
     p: int
     has_cls: bool
+
+    @property
+    def layout(self) -> tuple[object, ...]:
+        """What blocks computed together must share: table and attention shapes, keys, prefix and [CLS]."""
+        return self.tokens.shape, self.entropy.shape, self.keys, self.p, self.has_cls
 
     @classmethod
     def joined(cls, chunks: list[BlockSums]) -> BlockSums:
@@ -132,9 +143,9 @@ class BlockSums:
         if len(chunks) == 1:
             return chunks[0]
         first = chunks[0]
-        share = None if first.share is None else torch.cat([c.share for c in chunks if c.share is not None])
-        return cls(torch.cat([c.tokens for c in chunks]), torch.cat([c.similarity for c in chunks]),
-                   torch.cat([c.entropy for c in chunks]), share, first.p, first.has_cls)
+        return cls(torch.cat([c.tokens for c in chunks]), torch.cat([c.total for c in chunks]),
+                   torch.cat([c.entropy for c in chunks]), torch.cat([c.first for c in chunks]), first.keys, first.p,
+                   first.has_cls)
 
 
 def _token_table(x: Tensor, x_normed: Tensor, z: Tensor, branch: Tensor, v: Tensor, columns: Tensor) -> Tensor:
@@ -169,8 +180,7 @@ def reduce_block(bt: BlockTensors) -> tuple[BlockSums, Tensor]:
                                          bt.branch[i:i + step], v[i:i + step], columns) for i in range(0, b, step)])
     weights = tokens[:, p:, 7].clamp_min(EPS * EPS).rsqrt()  # 1 / max(‖v‖, EPS), as F.normalize divides
     total = torch.bmm(weights.unsqueeze(1), v[:, p:])  # Σ uᵢ, (B,1,D)
-    entropy, share = attention_stats(bt.attention, p, bt.has_cls)
-    return BlockSums(tokens, torch.linalg.vecdot(total, total).squeeze(1), entropy, share, p, bt.has_cls), patch_mean
+    return BlockSums(tokens, total, *attention_rows(bt.attention), bt.attention.shape[-1], p, bt.has_cls), patch_mean
 
 
 def block_curves(blocks: list[BlockSums]) -> dict[str, Tensor]:
@@ -179,8 +189,7 @@ def block_curves(blocks: list[BlockSums]) -> dict[str, Tensor]:
     most families; CaiT's class-attention blocks are a second)."""
     groups: list[list[BlockSums]] = []
     for block in blocks:
-        last = groups[-1][0] if groups else None
-        if last and (last.tokens.shape, last.p, last.has_cls) == (block.tokens.shape, block.p, block.has_cls):
+        if groups and groups[-1][0].layout == block.layout:
             groups[-1].append(block)
         else:
             groups.append([block])
@@ -199,14 +208,18 @@ def _group_curves(group: list[BlockSums]) -> dict[str, Tensor]:
     ny = (xx + 2 * xb + bb).clamp_min(0).sqrt().clamp_min(EPS)  # ‖X + branch‖: Y is never formed
     n = tokens.shape[2] - p
     patches = vv[..., p:]
-    similarity = torch.stack([b.similarity for b in group]) - (patches / patches.clamp_min(EPS * EPS)).sum(-1)
+    total = torch.stack([b.total for b in group])  # (L,B,1,D)
+    similarity = (total * total).sum((-2, -1)) - (patches / patches.clamp_min(EPS * EPS)).sum(-1)
+    entropy, share = attention_curves(torch.stack([b.entropy for b in group]), torch.stack([b.first for b in group]),
+                                      first.keys, p, first.has_cls)
     out = {"attn_token_change": 1.0 - ((xx + xb) / (nx * ny)).mean(-1),
-           "attn_entropy": torch.stack([b.entropy for b in group]),
+           "attn_entropy": entropy,
            "token_similarity": similarity / (n * (n - 1)),
            "block_influence": 1.0 - (xz / (nx * nz)).mean(-1)}
     if first.has_cls:
         cos = (tokens[..., p:, 3:6] / norms[..., p:, :]).mean(-2) / norms[..., 0, :]  # X, norm1 X, Z: (L,B,3)
-        out["cls_attention_share"] = torch.stack([b.share for b in group if b.share is not None])
+        assert share is not None  # attention_curves gives a share wherever there is a [CLS]
+        out["cls_attention_share"] = share
         out["cls_patch_cos"] = cos[..., 2]
         out["norm_friction"] = cos[..., 0] - cos[..., 1]
     means = {name: values.mean(-1) for name, values in out.items()}

@@ -24,10 +24,13 @@ def read_back(values: Mapping[str, Tensor]) -> dict[str, list[float]]:
         return {}
     device = next(iter(values.values())).device
     dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64; values are fp32 there
-    flat = [v.detach().reshape(-1).to(device, dtype) for v in values.values()]
+    # joined in their own dtypes (cat promotes to the widest, exactly) and converted once: a copy per value cost
+    # three ops each
+    flat = [(v if v.dim() == 1 else v.reshape(-1)) if v.device == device else v.reshape(-1).to(device)
+            for v in values.values()]
     sizes = [len(v) for v in flat]
-    with record_function("isiwatch.host"):
-        joined = torch.cat(flat)
+    with record_function("isiwatch.host"), torch.no_grad():
+        joined = torch.cat(flat).to(dtype)
         if joined.device.type == "cuda":
             host = torch.empty(joined.shape, dtype=joined.dtype, pin_memory=True)
             host.copy_(joined, non_blocking=True)

@@ -70,24 +70,26 @@ def fit_softmax(fit: RidgeFit, target: Tensor, steps: int = SOFTMAX_STEPS) -> Ri
     previous: tuple[Tensor, Tensor, Tensor] | None = None
     for _ in range(steps):
         p = logits.softmax(1)  # (K,C,n)
-        resid = p - target
-        penalised = penalty * weights
-        grad = torch.baddbmm(penalised, z_t, resid.transpose(1, 2), alpha=1.0 / n)  # (K,R,C)
+        grad = torch.baddbmm(penalty * weights, z_t, (p - target).transpose(1, 2), alpha=1.0 / n)  # (K,R,C)
         mean_cov = torch.baddbmm(torch.diag_embed(p.mean(-1)), p, p.transpose(1, 2), alpha=-1.0 / n)  # W̄ (K,C,C)
         system = torch.addcmul(damping, curvature, mean_cov.unsqueeze(1))  # (K,R,C,C)
         pre = torch.linalg.solve_ex(system, grad.unsqueeze(-1)).result.squeeze(-1)
         gp = (grad * pre).sum((1, 2))
-        direction = -pre
+        direction = pre  # the step goes along −direction
         if previous is not None:  # Polak–Ribière, restarted (β = 0) where it would point uphill
             last_pre, last_direction, last_gp = previous
-            beta = ((gp - (grad * last_pre).sum((1, 2))) / last_gp.clamp_min(1e-30)).clamp_min(0).view(-1, 1, 1)
-            direction = torch.addcmul(direction, beta, last_direction)
+            beta = ((grad * (pre - last_pre)).sum((1, 2)) / last_gp.clamp_min(1e-30)).clamp_min(0).view(-1, 1, 1)
+            direction = torch.addcmul(pre, beta, last_direction)
         d_logits = torch.bmm(direction.transpose(1, 2), z_t)  # (K,C,n)
-        # exact Newton step along the direction: slope and curvature of the objective in t at t = 0
-        slope = (grad * direction).sum((1, 2))
+        # exact Newton step along −direction: the objective's slope (negated) and curvature in t at t = 0; the
+        # curvature's data part is Σ over images of the softmax variance of d_logits, Σ p·d² − (Σ p·d)²
+        descent = (grad * direction).sum((1, 2))
         pd = p * d_logits
-        bend = ((pd * d_logits).sum((1, 2)) - pd.sum(1).pow(2).sum(-1)) / n + (penalty * direction.pow(2)).sum((1, 2))
-        t = (-slope / bend.clamp_min(1e-12)).clamp(0, MAX_STEP).view(-1, 1, 1)
-        weights, logits = torch.addcmul(weights, t, direction), torch.addcmul(logits, t, d_logits)
+        mean_d = pd.sum(1)  # (K,n)
+        spread = torch.addcmul((pd * d_logits).sum(1), mean_d, mean_d, value=-1).sum(-1)
+        bend = torch.add((penalty * direction * direction).sum((1, 2)), spread, alpha=1.0 / n)
+        t = (descent / bend.clamp_min(1e-12)).clamp(0, MAX_STEP).view(-1, 1, 1)
+        weights = torch.addcmul(weights, t, direction, value=-1)
+        logits = torch.addcmul(logits, t, d_logits, value=-1)
         previous = (pre, direction, gp)
     return dataclasses.replace(fit, weights=v @ weights[:, :r], bias=weights[:, r:], spectrum=None)

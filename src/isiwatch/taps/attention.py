@@ -86,7 +86,7 @@ def fused_rows(q: Tensor, k: Tensor, scale: float) -> AttentionRows:
     a number of ops that does not depend on the images, heads or tokens."""
     q, k = q.float(), k.float()
     mean_key, lse = _keys_as_values(q, k, scale)
-    entropy = lse - scale * torch.linalg.vecdot(q, mean_key)
+    entropy = torch.sub(lse, torch.linalg.vecdot(q, mean_key), alpha=scale)
     first = torch.exp(scale * torch.linalg.vecdot(q, k[..., :1, :]) - lse)
     return AttentionRows(entropy, first, k.shape[-2])
 
