@@ -1,8 +1,8 @@
 """Per-layer metrics of a ViT block (token change, attention entropy, ISI, token similarity, block influence,
 [CLS] share and alignment, norm friction), computed from the block's tensors.
 
-A block is reduced while its tensors are alive (`reduce_block`: a few whole-batch matmuls into a per-token
-table of dot products, `BlockSums`); the formulas run once for all blocks at the end of the pass (`block_curves`),
+A block is reduced while its tensors are alive (`reduce_block`: whole-batch norms and products into a per-token
+table, `BlockSums`); the formulas run once for all blocks at the end of the pass (`block_curves`),
 so the number of ops of a sample grows neither with the images nor with the depth's formulas. Every curve holds one
 value per image before averaging; all inputs are fp32. ``p`` is the number of prefix tokens ([CLS] first).
 """
@@ -16,7 +16,6 @@ import torch
 from torch import Tensor
 
 from ..taps import AttentionScores, BlockTensors
-from .readback import on_device
 
 #: Metrics computed on every block, in the order they are reported.
 BLOCK_METRICS = ("attn_token_change", "attn_entropy", "isi", "token_similarity", "block_influence",
@@ -102,23 +101,12 @@ def norm_friction(x: Tensor, x_normed: Tensor, p: int) -> Tensor:
     return cls_patch_cos(x, p) - cls_patch_cos(x_normed, p)
 
 
-#: Bytes the stacked token tensors of one block (five (b,T,D) fp32 copies) may take at once: the images per pass of
-#: `reduce_block` follow from it, so the number of passes is set by memory (one for most probe batches).
-TOKEN_BYTES = 1 << 29
-
-#: The tensors `reduce_block` stacks per token, in this order: X, norm1(X), Z, the branch, Z − centre.
-_KINDS = 5
-#: Columns of the per-token table, picked from the 5×5 token Gram (``5i + j``) and the 5×5 products with the
-#: image's [CLS] kinds (``25 + 5i + j``): ‖X‖², ‖norm1 X‖², ‖Z‖²; X·X_cls, norm1(X)·norm1(X)_cls, Z·Z_cls;
-#: ‖branch‖², ‖Z − centre‖², X·branch, X·Z.
-TABLE_COLUMNS = (0, 6, 12, 25, 31, 37, 18, 24, 3, 2)
-
-
 @dataclass
 class BlockSums:
     """One block reduced to what its metrics need, on the model's device.
 
-    ``tokens``: (B,T,10) per-token dot products (`TABLE_COLUMNS`); ``total``: (B,1,D) Σᵢ uᵢ of the normalised
+    ``tokens``: (B,T,10) per token, in order: ‖X‖, ‖norm1 X‖, ‖Z‖; X·X_cls, norm1(X)·norm1(X)_cls, Z·Z_cls (with
+    its image's first token); ‖branch‖, ‖Z − centre‖, X·branch, X·Z; ``total``: (B,1,D) Σᵢ uᵢ of the normalised
     centred patch tokens (``token_similarity`` reads ‖Σᵢ uᵢ‖²); ``entropy``/``first``: (B,Tq) from the attention
     (`attention_rows`) over ``keys`` keys; ``p``/``has_cls``: the block's prefix tokens and whether the first is a
     [CLS].
@@ -148,37 +136,39 @@ class BlockSums:
                    first.has_cls)
 
 
-def _token_table(x: Tensor, x_normed: Tensor, z: Tensor, branch: Tensor, v: Tensor, columns: Tensor) -> Tensor:
-    """The (b,T,10) per-token table of a pass: the five kinds side by side, one batched Gram per token and one
-    product of every token with its image's first token."""
-    b, t, d = x.shape
-    stacked = torch.cat([x, x_normed, z, branch, v], -1)
-    per_token = stacked.view(b * t, _KINDS, d)
-    gram = torch.bmm(per_token, per_token.transpose(1, 2))
-    per_image = stacked.view(b, t * _KINDS, d)
-    with_first = torch.bmm(per_image, per_image[:, :_KINDS].transpose(1, 2))
-    return torch.cat([gram.view(b, t, _KINDS ** 2), with_first.view(b, t, _KINDS ** 2)], -1).index_select(-1, columns)
+def _norm_column(t: Tensor) -> Tensor:
+    """‖t‖ per token, (B,T,1): one reduction, no temporary."""
+    norm: Tensor = torch.linalg.vector_norm(t, dim=-1, keepdim=True)
+    return norm
+
+
+def _first_column(t: Tensor) -> Tensor:
+    """Each token's dot product with its image's first token, (B,T,1): one matrix–vector product per image."""
+    return torch.bmm(t, t[:, :1].transpose(1, 2))
+
+
+def _dot_column(a: Tensor, b: Tensor) -> Tensor:
+    """a·b per token, (B,T,1): a batch of 1×D by D×1 products, no (B,T,D) temporary."""
+    bt, d = a.shape[0] * a.shape[1], a.shape[2]
+    return torch.bmm(a.reshape(bt, 1, d), b.reshape(bt, d, 1)).view(*a.shape[:2], 1)
 
 
 def reduce_block(bt: BlockTensors) -> tuple[BlockSums, Tensor]:
     """A block's `BlockSums` and its mean patch token per image (B,D), the probes' feature.
 
-    The centred tokens v = Z − centre (centre: the mean patch token of the batch) are formed, never expanded as
-    ‖Z‖² − 2 Z·centre + ‖centre‖², which loses all precision when tokens collapse onto the centre, the case
-    ``token_similarity`` exists to see.
+    The per-token table (`BlockSums.tokens`) is read from the block's tensors in place: norms, products with the
+    first token and two products per token, each one pass over its inputs, so the only (B,T,D) tensor a block adds
+    is the centred tokens v = Z − centre (centre: the mean patch token of the batch). They are formed, never
+    expanded as ‖Z‖² − 2 Z·centre + ‖centre‖², which loses all precision when tokens collapse onto the centre, the
+    case ``token_similarity`` exists to see.
     """
-    p, z = bt.p, bt.z
+    p, x, z = bt.p, bt.x, bt.z
     patch_mean = z[:, p:].mean(1)
     v = z - patch_mean.mean(0)
-    b, t, d = z.shape
-    step = max(1, TOKEN_BYTES // (4 * _KINDS * t * d))
-    columns = on_device(TABLE_COLUMNS, z.device, torch.long)
-    if step >= b:
-        tokens = _token_table(bt.x, bt.x_normed, z, bt.branch, v, columns)
-    else:
-        tokens = torch.cat([_token_table(bt.x[i:i + step], bt.x_normed[i:i + step], z[i:i + step],
-                                         bt.branch[i:i + step], v[i:i + step], columns) for i in range(0, b, step)])
-    weights = tokens[:, p:, 7].clamp_min(EPS * EPS).rsqrt()  # 1 / max(‖v‖, EPS), as F.normalize divides
+    tokens = torch.cat([_norm_column(x), _norm_column(bt.x_normed), _norm_column(z), _first_column(x),
+                        _first_column(bt.x_normed), _first_column(z), _norm_column(bt.branch), _norm_column(v),
+                        _dot_column(x, bt.branch), _dot_column(x, z)], -1)
+    weights = tokens[:, p:, 7].clamp_min(EPS).reciprocal()  # 1 / max(‖v‖, EPS), as F.normalize divides
     total = torch.bmm(weights.unsqueeze(1), v[:, p:])  # Σ uᵢ, (B,1,D)
     return BlockSums(tokens, total, *attention_rows(bt.attention), bt.attention.shape[-1], p, bt.has_cls), patch_mean
 
@@ -202,14 +192,16 @@ def _group_curves(group: list[BlockSums]) -> dict[str, Tensor]:
     first = group[0]
     p = first.p
     tokens = torch.stack([b.tokens for b in group])  # (L,B,T,10)
-    norms = tokens[..., :3].sqrt().clamp_min(EPS)  # ‖X‖, ‖norm1 X‖, ‖Z‖ (max with EPS, as F.normalize)
-    xx, bb, vv, xb, xz = tokens.unbind(-1)[0], *tokens[..., 6:].unbind(-1)
+    norms = tokens[..., :3].clamp_min(EPS)  # ‖X‖, ‖norm1 X‖, ‖Z‖ (max with EPS, as F.normalize)
+    x_norm, b_norm, v_norm, xb, xz = tokens.unbind(-1)[0], *tokens[..., 6:].unbind(-1)
     nx, nz = norms[..., 0], norms[..., 2]
-    ny = (xx + 2 * xb + bb).clamp_min(0).sqrt().clamp_min(EPS)  # ‖X + branch‖: Y is never formed
+    xx = x_norm.square()
+    y_squared = torch.add(torch.addcmul(xx, b_norm, b_norm), xb, alpha=2)  # ‖X + branch‖²: Y is never formed
+    ny = y_squared.clamp_min(0).sqrt().clamp_min(EPS)
     n = tokens.shape[2] - p
-    patches = vv[..., p:]
+    unit = v_norm[..., p:] / v_norm[..., p:].clamp_min(EPS)  # ‖uᵢ‖: 1, or 0 for a token at the centre
     total = torch.stack([b.total for b in group])  # (L,B,1,D)
-    similarity = (total * total).sum((-2, -1)) - (patches / patches.clamp_min(EPS * EPS)).sum(-1)
+    similarity = (total * total).sum((-2, -1)) - (unit * unit).sum(-1)
     entropy, share = attention_curves(torch.stack([b.entropy for b in group]), torch.stack([b.first for b in group]),
                                       first.keys, p, first.has_cls)
     out = {"attn_token_change": 1.0 - ((xx + xb) / (nx * ny)).mean(-1),
