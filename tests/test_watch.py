@@ -3,9 +3,11 @@
 import gc
 import json
 import logging
-import os
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import timm
@@ -374,34 +376,19 @@ def test_http_exporter_binds_loopback(digits):
         assert 'isiwatch_plateau_detected{run="http"}' in body
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 @pytest.mark.slow
-def test_memory_flat_over_2000_samples_and_hooks_removed(digits, tmp_path):
-    _, _, px, py = digits
-    model = tiny_vit(depth=2, dim=16)
-    with Watch(model, px[:16], py[:16], every_n_steps=1, log_dir=tmp_path, registry=CollectorRegistry(),
-               history_size=50, heatmap_every=500) as watch:
-        for step in range(1, 501):
-            watch.step(step)
-        watch.exporters[1].wait_for_heatmaps()  # the render of step 500 runs on its thread: let it end
-        gc.collect()
-        objects, tensors, rss = len(gc.get_objects()), sum(torch.is_tensor(o) for o in gc.get_objects()), rss_bytes()
-        for step in range(501, 2001):
-            watch.step(step)
-        watch.exporters[1].wait_for_heatmaps()
-        gc.collect()
-        object_growth = len(gc.get_objects()) - objects
-        tensor_growth = sum(torch.is_tensor(o) for o in gc.get_objects()) - tensors
-        rss_growth = rss_bytes() - rss
-    assert len(watch.history) == 50
-    assert object_growth < 200, object_growth
-    assert tensor_growth <= 0, tensor_growth
-    assert rss_growth < 16 * 2**20, rss_growth
-    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+def test_memory_flat_over_2000_samples_and_hooks_removed(tmp_path):
+    """Counted in a fresh interpreter (`memory_flat_run.py`): in a worker that had run other tests first, objects
+    of threads those tests left behind counted too (903 once on CI; 84 alone, 93 beside eight busy loops)."""
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("memory_flat_run.py")), str(tmp_path)],
+                         capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-2000:]
+    counts = json.loads(run.stdout.splitlines()[-1])
+    assert counts["history"] == 50
+    assert counts["object_growth"] < 200, counts["grew_most"]
+    assert counts["tensor_growth"] <= 0, counts
+    assert counts["rss_growth"] < 16 * 2**20, counts
+    assert not counts["hooks_left"]
 
 
 def test_norm_friction_alert_is_wired_and_informational(digits):
