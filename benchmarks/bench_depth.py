@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -34,9 +33,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_truncate import mean_ci as t_interval  # noqa: E402
 from bench_truncate import step_flops  # noqa: E402
 from depth_tasks import TASKS, Task, load_task  # noqa: E402
+from intervals import fmt_ci, mean_ci  # noqa: E402
 from machine import machine  # noqa: E402
 
 from isiwatch._utils.files import write_json  # noqa: E402
@@ -50,12 +49,6 @@ BATCH, LR = 128, 3e-3
 PROBE_IMAGES = 1000
 DISTANCE_IMAGES = 512  # boundary distances for the angular rules, as truncate computes them
 RESULTS = Path(__file__).parent / "results" / "depth"
-
-
-def mean_ci(values: list[float]) -> tuple[float, float | None]:
-    """Mean and half-width of the 95 % t-interval (None, not NaN, with one value: JSON has no NaN)."""
-    mean, half = t_interval(values)
-    return mean, half if math.isfinite(half) else None
 
 
 def build_model(task: Task, depth: int, seed: int):
@@ -150,15 +143,15 @@ def markdown(tasks: dict) -> list[str]:
                   "| depth | seeds | held-out accuracy (%) | train s (mean) | train GFLOPs | MFLOPs/img | params |",
                   "|---|---|---|---|---|---|---|"]
         for p in t["per_depth"]:
-            ci = f" ± {100 * p['ci95']:.1f}" if p["ci95"] is not None else ""
-            lines.append(f"| {p['depth']} | {len(p['seeds'])} | {100 * p['mean']:.1f}{ci} | {p['train_seconds']:.0f} | "
-                         f"{p['train_gflops']:.0f} | {p['forward_mflops_per_image']:.2f} | {p['parameters']:,} |")
+            lines.append(f"| {p['depth']} | {len(p['seeds'])} | {fmt_ci((p['mean'], p['ci95']))} | "
+                         f"{p['train_seconds']:.0f} | {p['train_gflops']:.0f} | {p['forward_mflops_per_image']:.2f} | "
+                         f"{p['parameters']:,} |")
         deepest = t["per_depth"][-1]["depth"]
         lines.append("")
         for depth, b in t["paired_minus_deepest"].items():
-            ci = f" ± {100 * b['ci95']:.1f}" if b["ci95"] is not None else ""
-            lines.append(f"Depth {depth} minus depth {deepest}, same seed: {100 * b['mean']:+.1f}{ci} points over "
-                         f"{len(b['differences'])} seeds ({', '.join(f'{100 * d:+.1f}' for d in b['differences'])}).")
+            lines.append(f"Depth {depth} minus depth {deepest}, same seed: {fmt_ci((b['mean'], b['ci95']), True)} "
+                         f"points over {len(b['differences'])} seeds "
+                         f"({', '.join(f'{100 * d:+.1f}' for d in b['differences'])}).")
         lines.append("")
     return lines
 

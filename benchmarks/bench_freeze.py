@@ -66,8 +66,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_truncate import Items, mean_ci  # noqa: E402
+from bench_truncate import Items  # noqa: E402
 from depth_tasks import Task, load_task  # noqa: E402
+from intervals import fmt_ci, mean_ci  # noqa: E402
 from machine import machine  # noqa: E402
 
 from isiwatch._utils.files import write_json  # noqa: E402
@@ -469,9 +470,8 @@ def scratch(arm: str, task: Task, seed: int, cfg: Config) -> dict:
 
 # -- summary -----------------------------------------------------------------------------------------------------
 def interval_of(values: list[float]) -> list[float | None]:
-    """[mean, 95 % half-width] (None with one value: JSON has no NaN)."""
-    mean, half = mean_ci(values)
-    return [mean, half if math.isfinite(half) else None]
+    """[mean, 95 % half-width] (None with one value), as the JSON holds it."""
+    return list(mean_ci(values))
 
 
 def summarize(runs: list[dict], arms: tuple[str, ...]) -> dict:
@@ -521,14 +521,11 @@ def versus(runs: list[dict], ours: str, other: str) -> dict | None:
 
 
 def points(pair: list, signed: bool = True) -> str:
-    mean, half = pair
-    text = f"{100 * mean:+.2f}" if signed else f"{100 * mean:.2f}"
-    return text + (f" ± {100 * half:.2f}" if half is not None else "")
+    return fmt_ci(pair, signed, digits=2)
 
 
 def ratio(pair: list) -> str:
-    mean, half = pair
-    return f"{mean:.2f}×" + (f" ± {half:.2f}" if half is not None else "")
+    return fmt_ci(pair, scale=1.0, digits=2, unit="×")
 
 
 def tables(data: dict) -> list[str]:

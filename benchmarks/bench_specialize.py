@@ -28,6 +28,7 @@ import math
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import timm
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).parent))
+import intervals  # noqa: E402
 from machine import machine  # noqa: E402
 
 from isiwatch import analyze  # noqa: E402
@@ -56,8 +58,8 @@ VARIANTS = {
 #: Ink-density bin edges (mean raw intensity of a 7×7 patch).
 DENSITY_EDGES = (0.05, 0.17, 0.33)
 PATCH = 7
-#: Two-sided 95 % Student-t quantiles by sample size.
-T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}
+#: This script's intervals: 2 decimals, tabled t quantiles, "± nan" with one seed.
+fmt = partial(intervals.fmt, digits=2, quantile=intervals.t95_table, single=math.nan)
 
 
 def density_bins(images: torch.Tensor) -> torch.Tensor:
@@ -144,18 +146,6 @@ def run_one(seed: int, name: str, kwargs: dict, epochs: int, data: dict) -> dict
     return {"seed": seed, "variant": name, "accuracy": accuracy(model, data["x_test"], data["y_test"]),
             "dense": dense_probe(model, data["x_train"], data["x_test"], data["bins_train"], data["bins_test"]),
             "friction": friction, "train_seconds": seconds}
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, math.nan
-    return mean, T95.get(len(values), 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-
-
-def fmt(values: list[float], scale: float = 100.0, signed: bool = False, digits: int = 2) -> str:
-    mean, ci = mean_ci([v * scale for v in values])
-    return f"{mean:{'+' if signed else ''}.{digits}f} ± {ci:.{digits}f}"
 
 
 def table(results: list[dict], digits_overhead: dict, latency: dict) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from collections.abc import Callable
@@ -28,6 +27,7 @@ import bench_sample_cost  # noqa: E402
 import bench_truncate  # noqa: E402
 import bench_truncate_auto  # noqa: E402
 import score_depth_rules  # noqa: E402
+from intervals import fmt_ci, mean_ci  # noqa: E402
 from machine import describe  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -61,12 +61,6 @@ def needs(path: str, title: str, command: str) -> Callable[[Callable[[dict], lis
 
 def pct(value: float, signed: bool = False) -> str:
     return f"{100 * value:+.1f}" if signed else f"{100 * value:.1f}"
-
-
-def ci(pair: list | tuple, signed: bool = True) -> str:
-    """A (mean, half-width) pair in points; no half-width with one value."""
-    mean, half = pair
-    return pct(mean, signed) + (f" ± {100 * half:.1f}" if half is not None and math.isfinite(half) else "")
 
 
 def span(values: list[float], fmt: str = "{:.0f}") -> str:
@@ -198,7 +192,7 @@ def truncate_auto(data: dict) -> list[str]:
                 lambda t, m: f"{met(speed[t]['b64'] >= 1.8)}: {speed[t]['b64']:.2f}× "
                              f"(batch 1: {speed[t]['b1']:.2f}×)"),
             row("≤ 1 point test loss (auto, mean)",
-                lambda t, m: f"{met(m['auto']['diff'][0] >= -0.01)}: {ci(m['auto']['diff'])}"),
+                lambda t, m: f"{met(m['auto']['diff'][0] >= -0.01)}: {fmt_ci(m['auto']['diff'], True)}"),
             row("recommended cut ≥ the best baseline at the same K", against_best), ""]
     guarantee_rows = data.get("guarantee", {}).get("rows")
     if guarantee_rows:  # rendered from the committed rows, as the tables above
@@ -262,7 +256,7 @@ def truncate_fixed(results: Path) -> list[str]:
               "Healed accuracy, points, mean ± 95 % t-interval of the paired difference (same seed and K, each "
               "run's pairs from `bench_truncate.paired_differences`):", "", "| comparison | difference | pairs |",
               "|---|---|---|"]
-    lines += [f"| {a} − {b} | {ci(bench_truncate.mean_ci(d))} | {len(d)} |" for (a, b), d in pooled.items() if d]
+    lines += [f"| {a} − {b} | {fmt_ci(mean_ci(d), True)} | {len(d)} |" for (a, b), d in pooled.items() if d]
     bases = [b for run in runs for b in run["bases"]]
     with_plateau = [b for b in bases if b["phases"]["token_similarity"]]
     starts = sorted({b["phases"]["token_similarity"]["plateau"][0] for b in with_plateau})
@@ -271,8 +265,8 @@ def truncate_fixed(results: Path) -> list[str]:
               f"always starting at block {', '.join(map(str, starts))}."]
     for (a, b), d in pooled.items():
         if d:
-            pair = bench_truncate.mean_ci(d)
-            lines.append(f"- {a} against {b}: {noise(pair)} ({ci(pair)} points over {len(d)} pairs).")
+            pair = mean_ci(d)
+            lines.append(f"- {a} against {b}: {noise(pair)} ({fmt_ci(pair, True)} points over {len(d)} pairs).")
     lines.append("")
     return lines
 
@@ -300,7 +294,7 @@ def probe_gaps(bench: dict) -> dict[str, list[float]]:
 def noise(pair: list | tuple) -> str:
     """Whether a paired difference is within its 95 % interval of zero."""
     mean, half = pair
-    if half is None or not math.isfinite(half) or abs(mean) <= half:
+    if half is None or abs(mean) <= half:
         return "within the noise"
     return "ahead" if mean > 0 else "behind"
 
