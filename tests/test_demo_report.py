@@ -462,11 +462,11 @@ def test_the_truncation_section_tells_the_terminals_story_with_a_full_candidates
     """The depth story, the dropped blocks' reason and the sequence line as on the terminal; the candidates with
     their repair, what chose it, validation images, drop, upper bound and verdict; the caption says the bound, not
     the observed drop, decides; no resumed column unless one was resumed."""
-    from isiwatch.cli.report import _truncation_table
+    from isiwatch.cli.truncation_section import truncation_section
     from isiwatch.truncation.explain import story_lines
 
     report = truncation_report()
-    section = html.unescape(_truncation_table(report))
+    section = html.unescape(truncation_section(report))
     for line in story_lines(report):
         assert line in section, line
     header = re.search(r"<h3>Candidates</h3>.*?<thead><tr>(.*?)</tr>", section, re.S)[1]
@@ -484,4 +484,4 @@ def test_the_truncation_section_tells_the_terminals_story_with_a_full_candidates
     assert "(healed)" in section.split("<table>")[0]  # the caption names the winner's repair
     resumed = truncation_report(candidates=[{**c, "resumed": i == 0} for i, c in enumerate(
         DEMO["search"]["candidates"])])
-    assert "<th>resumed</th>" in _truncation_table(resumed)
+    assert "<th>resumed</th>" in truncation_section(resumed)

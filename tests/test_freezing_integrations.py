@@ -5,7 +5,6 @@ from a checkpoint taken after the freeze starts with the same parameters frozen.
 
 import json
 import os
-import socket
 
 import lightning.pytorch as pl
 import pytest
@@ -15,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
+from test_integrations_distributed import free_port, train_steps
 from torch.utils.data import DataLoader, TensorDataset
 
 from isiwatch import Watch
@@ -151,12 +151,6 @@ def test_transformers_callback_freezes_and_resumes_frozen(digits, tmp_path):
 WORLD = 2
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def tiny_vit():
     torch.manual_seed(0)
     return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7, in_chans=1,
@@ -187,15 +181,8 @@ def ddp_worker(rank, port, out):
     watch = Watch(model.module, *probe, every_n_steps=1, log_dir=f"{out}/rank{rank}",
                   freeze_settled=FreezePolicy(tolerance=1e6, patience=1 + rank))
     opt = torch.optim.AdamW(model.parameters(), 1e-2, weight_decay=0.1)
-    torch.manual_seed(rank)
     froze_at, at_freeze = None, {}
-    for step in range(1, 7):
-        idx = torch.randint(0, 256, (16,))
-        loss = F.cross_entropy(model(x[idx]), y[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        watch.step(step, loss)
+    for step in train_steps(rank, model, opt, x, y, watch, 6):
         if froze_at is None and watch.freezer.frozen:
             froze_at, at_freeze = step, frozen(model.module)
     watch.close()

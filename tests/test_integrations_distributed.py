@@ -23,6 +23,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def train_steps(rank, model, opt, x, y, watch, steps):
+    """Yields each step after training on a batch of 16 of the first 256 images (drawn with the rank as seed, so
+    every rank trains on its own batches) and handing the loss to the Watch."""
+    torch.manual_seed(rank)
+    for step in range(1, steps + 1):
+        idx = torch.randint(0, 256, (16,))
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        watch.step(step, loss)
+        yield step
+
+
 def wrap(model, kind):
     if kind == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
@@ -55,14 +69,7 @@ def run(rank, out, kind):
     stop = {"monitor": "loss", "warmup": 1, "stopping_threshold": 100.0} if rank == 1 else {}
     watch = Watch(model, x[4000:4032], y[4000:4032], every_n_steps=2, log_dir=f"{out}/rank{rank}", **stop)
     opt = torch.optim.AdamW(model.parameters(), 1e-3)
-    torch.manual_seed(rank)
-    for step in range(1, 21):
-        idx = torch.randint(0, 256, (16,))
-        loss = F.cross_entropy(model(x[idx]), y[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        watch.step(step, loss)
+    for step in train_steps(rank, model, opt, x, y, watch, 20):  # noqa: B007  (the result reads the last step)
         if watch.should_stop:
             break
     result = {"step": step, "reason": watch.stop_reason, "samples": [s.step for s in watch.history],

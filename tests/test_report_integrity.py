@@ -9,7 +9,7 @@ from test_faults import tiny_vit
 from test_watch import digits  # noqa: F401  (fixture)
 
 from isiwatch import Watch, analyze
-from isiwatch.cli.report import _foreign_truncation, _older_than_the_log
+from isiwatch.cli.run_records import _foreign_truncation, _older_than_the_log
 from isiwatch.io.checkpoint import sha256_of
 
 

@@ -1,0 +1,117 @@
+"""The HTML page of ``isiwatch report``: one self-contained file (plots embedded, no external files) that explains
+itself: every column, state word and alert kind it shows is defined under the table that uses it."""
+
+from __future__ import annotations
+
+import html
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..measure.metric_table import METRIC_TABLE
+from ..measure.tables import analysis_rows, recommendation_text
+from ..measure.vocabulary import PHASES, legend, plateau_name
+from .html_blocks import definitions, figure, table
+from .run_records import RunRecords, depth_recommendation
+from .truncation_section import truncation_section
+
+
+def _episodes(alerts: list[dict[str, Any]], kind: str) -> str:
+    """Every episode of ``kind`` in words: where its record opened it and where its ``*_cleared`` record closed
+    it ("step 24 – cleared at step 40; step 56 (open)"), or "none"."""
+    parts: list[str] = []
+    for alert in alerts:
+        if alert["kind"] == kind:
+            parts.append(f"step {alert['step']} (open)")
+        elif alert["kind"] == f"{kind}_cleared" and parts and parts[-1].endswith("(open)"):
+            parts[-1] = parts[-1].replace("(open)", f"– cleared at step {alert['step']}")
+    return "; ".join(parts) or "none"
+
+
+def _summary(records: RunRecords) -> str:
+    """The run at a glance: its steps, the flat stretch, the alert episodes, both depth recommendations and the
+    validated cut, with the state words defined."""
+    first, last = records.samples[0], records.samples[-1]
+    ph = last.get("phases")
+    span = tuple(ph["plateau"]) if ph else None
+    rows = [["run", last.get("run", "")], ["samples", len(records.samples)],
+            ["steps", f"{first['step']} – {last['step']}"],
+            ["flat stretch at the last sample",
+             f"{plateau_name(span)}, blocks {span[0]}–{span[1]}" if span else "none"],
+            ["plateau_onset alerts", _episodes(records.alerts, "plateau_onset")],
+            ["slow_start alerts", _episodes(records.alerts, "slow_start")]]
+    if (at_last := depth_recommendation(last.get("recommendation"))) is not None:
+        rows.append(["recommended depth at the last sample (the Watch's probe images)", recommendation_text(at_last)])
+    if records.recommendation is not None:
+        rows.append(["recommended depth of the trained model (the analysis images: one pass, no healing)",
+                     recommendation_text(records.recommendation)])
+    if records.truncation:  # the validated counterpart, reconciled with it in the Truncation section
+        kept, depth = len(records.truncation["kept_blocks"]), records.truncation["cost"]["uncut"]["blocks"]
+        rows.append(["truncation (validated cut)", f"{kept} of {depth} blocks, {records.truncation['strategy']}"])
+    rows.append(["median sample cost", f"{statistics.median(s['duration_s'] for s in records.samples):.3f} s"])
+    return table(["", ""], rows) + definitions([*([plateau_name(span)] if span else []), "plateau_onset",
+                                                "slow_start", "open", "cleared"])
+
+
+#: What the report's terms mean: the phases (`isiwatch.measure.vocabulary`) and the stem points of the per-layer
+#: table and plots.
+TERMS = (
+    ("layer", "block index 0…L−1; pre_pe: the patch embeddings before the position embedding; embed: the tokens "
+              "entering block 0 (plotted at x = −2 and −1)"),
+    ("phase", "the block's place in the phase metric's profile: " + legend(list(PHASES))),
+)
+
+
+def _glossary(columns: Sequence[str]) -> str:
+    """A definition list of every column label in ``columns`` (metric labels from the metric table)."""
+    terms = dict(TERMS)
+    terms.update({m.label: f"{m.name}: {m.description} (range {m.range})" for m in METRIC_TABLE})
+    items = "".join(f"<dt>{html.escape(c)}</dt><dd>{html.escape(terms[c])}</dd>" for c in columns if c in terms)
+    return f'<dl class="glossary">{items}</dl>'
+
+
+STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}
+.warning{background:#fff4dc;border-left:4px solid #d08a00;padding:4px 8px}
+th{background:#f4f4f4}img{max-width:100%;border:1px solid #eee}figure{margin:.8em 0}
+dl.glossary{display:grid;grid-template-columns:max-content auto;gap:2px 12px}dl.glossary dt{font-weight:600}
+dl.glossary dd{margin:0}"""
+
+#: Records in the DOM how many images decoded and the size each is shown at (CSS px, "alt:WxH;..."), so a headless
+#: browser can verify the page.
+CHECK_SCRIPT = """<script>window.addEventListener('load',function(){var n=0,sizes=[];
+for(var i=0;i<document.images.length;i++){var im=document.images[i];if(im.complete&&im.naturalWidth>0)n++;
+sizes.push(im.alt+':'+Math.round(im.getBoundingClientRect().width)+'x'+Math.round(im.getBoundingClientRect().height));}
+document.body.setAttribute('data-images-loaded',n);document.body.setAttribute('data-image-sizes',sizes.join(';'));
+});</script>"""
+
+
+def _alert_definitions(records: RunRecords) -> str:
+    """What each alert kind of the run means, and "cleared" when a record closed an episode."""
+    kinds = [a["kind"].removesuffix("_cleared") for a in records.alerts]
+    cleared = any(a["kind"].endswith("_cleared") for a in records.alerts)
+    return definitions([*kinds, *(["cleared"] if cleared else [])])
+
+
+def page(records: RunRecords, plots: dict[str, Path]) -> str:
+    """The whole page: summary, per-layer curves, heat-maps, plateau timeline, alerts and truncation, with
+    ``plots`` (`write_plots`' files) embedded."""
+    alerts = [[a["step"], a["kind"], a["severity"], a["message"]] for a in records.alerts]
+    parts = [f"<h1>isiwatch report: {html.escape(records.run_dir.name)}</h1>",
+             *(f'<p class="warning">warning: {html.escape(line)}</p>' for line in records.mixed),
+             "<h2>Summary</h2>", _summary(records)]
+    if records.analysis is not None:  # write_plots drew its curves
+        header, rows = analysis_rows(records.analysis)
+        parts += ["<h2>Per-layer curves of the trained model</h2>", figure(plots["curves"], "per-layer curves"),
+                  table(header, rows), "<h3>Columns</h3>", _glossary(header)]
+    parts += ["<h2>Depth × training step</h2>", figure(plots["heatmaps"], "heat-maps"),
+              "<h2>Slow start and plateau over training</h2>", figure(plots["plateau"], "plateau timeline"),
+              "<h2>Alerts</h2>", table(["step", "kind", "severity", "message"], alerts) + _alert_definitions(records)
+              if alerts else "<p>No alerts.</p>"]
+    if records.truncation:
+        parts += ["<h2>Truncation</h2>", truncation_section(records.truncation)]
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>isiwatch report</title>'
+            f"<style>{STYLE}</style></head><body>{''.join(parts)}{CHECK_SCRIPT}</body></html>")
+
