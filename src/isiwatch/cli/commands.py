@@ -17,12 +17,12 @@ from .shared import (
     PROGRESS,
     STD,
     WORKERS,
-    _check_paths,
-    _device,
-    _FiniteRange,
-    _inputs_line,
-    _progress,
-    _wrote,
+    FiniteRange,
+    check_paths,
+    inputs_line,
+    progress_shown,
+    resolve_device,
+    wrote,
 )
 from .truncate import NO_CERTIFIED_CUT, truncate
 
@@ -205,21 +205,21 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
             std: tuple[float, ...] | None, device: str, workers: int) -> None:
     """Per-layer diagnostics of a trained ViT: a timm or isiwatch checkpoint file, or a Hugging Face save_pretrained
     directory."""
-    existing = _check_paths({"": checkpoint}, folders={"--out": out})  # before torch and timm load: seconds
+    existing = check_paths({"": checkpoint}, folders={"--out": out})  # before torch and timm load: seconds
     from ..measure.depth import recommend_depth
     from ..measure.tables import analysis_table, phases_line, recommendation_text
     from .offline import analyze_checkpoint
 
     result, paths = analyze_checkpoint(checkpoint, arch=arch, num_heads=num_heads, data=data, images=images, out=out,
                                        metric=metric, with_isi_recon=isi_recon, batch_size=batch_size,
-                                       prefer_ema=not no_ema, mean=mean, std=std, device=_device(device),
+                                       prefer_ema=not no_ema, mean=mean, std=std, device=resolve_device(device),
                                        echo=lambda line: click.echo(line, err=True), workers=workers)
-    click.echo(_inputs_line(result.model_info["weights"], result.model_info["normalization"]))
+    click.echo(inputs_line(result.model_info["weights"], result.model_info["normalization"]))
     click.echo(analysis_table(result))
     click.echo(phases_line(result))
     click.echo(f"recommended depth: {recommendation_text(recommend_depth(result).to_dict())}")
     for path in paths:
-        click.echo(_wrote(path, existing))
+        click.echo(wrote(path, existing))
 
 
 @main.command()
@@ -232,7 +232,7 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
 @click.option("--prometheus-port", type=click.IntRange(0, 65535), default=9108, show_default=True,
               help="Port for the Prometheus endpoint on 127.0.0.1 while training: 9108 is the one the "
                    "prometheus.yml of 'isiwatch deploy DIR' scrapes (0: any free port).")
-@click.option("--serve", type=_FiniteRange(0, MAX_SERVE_SECONDS), default=0, show_default=True, metavar="SECONDS",
+@click.option("--serve", type=FiniteRange(0, MAX_SERVE_SECONDS), default=0, show_default=True, metavar="SECONDS",
               help="Keep the Prometheus endpoint up for SECONDS after the demo finishes (from training on), so a "
                    "scraping Prometheus can fire alerts with a for: delay; Ctrl-C ends it (0: close after training).")
 @PROGRESS
@@ -246,15 +246,15 @@ def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int
     from .._utils.threads import set_torch_threads
     from .demo import run_demo
 
-    _check_paths(folders={"--out": out})
+    check_paths(folders={"--out": out})
     if watch_config is not None:
         from ..watch.config import load_yaml
 
         load_yaml(watch_config)  # refused before any work
 
     click.echo(f"torch threads: {set_torch_threads()} (the idle cores now; OMP_NUM_THREADS overrides)")
-    run_demo(out, quick=quick, device=_device(device), config=watch_config, prometheus_port=prometheus_port,
-             serve=serve, echo=click.echo, progress=_progress(progress))
+    run_demo(out, quick=quick, device=resolve_device(device), config=watch_config, prometheus_port=prometheus_port,
+             serve=serve, echo=click.echo, progress=progress_shown(progress))
 
 
 @main.command()
@@ -265,9 +265,9 @@ def report(run_dir: Path, out: Path | None) -> None:
     """Plots and a self-contained HTML page of a monitored run (a Watch log_dir)."""
     from .report import write_report
 
-    existing = _check_paths(folders={"--out": out if out is not None else run_dir / "report"})
+    existing = check_paths(folders={"--out": out if out is not None else run_dir / "report"})
     for path in write_report(run_dir, out, warn=lambda line: click.echo(f"warning: {line}", err=True)):
-        click.echo(_wrote(path, existing))
+        click.echo(wrote(path, existing))
 
 
 @main.command()
@@ -277,7 +277,7 @@ def deploy(folder: Path) -> None:
     runs both into FOLDER (new or empty); then: docker compose -f FOLDER/docker-compose.yml up -d."""
     from .deploy import write_deployment
 
-    _check_paths(folders={"": folder})
+    check_paths(folders={"": folder})
     from .._utils.files import shell_word, shown_path
 
     written = write_deployment(folder)  # refuses a folder that holds files before writing
@@ -310,7 +310,7 @@ def specialize(checkpoint: Path, out: Path, arch: str | None, num_heads: int | N
     from ..io.models import specialize_checkpoint
     from ..specialization.convert import parse_qkv_blocks
 
-    existing = _check_paths({"": checkpoint}, files={"--out": out})
+    existing = check_paths({"": checkpoint}, files={"--out": out})
 
     report = specialize_checkpoint(checkpoint, out, arch=arch, num_heads=num_heads, norms=norms,
                                    qkv_blocks=parse_qkv_blocks(qkv_blocks), lora_rank=lora_rank,
@@ -318,5 +318,5 @@ def specialize(checkpoint: Path, out: Path, arch: str | None, num_heads: int | N
     click.echo(f"specialised {report['arch']}: {report['options']}")
     click.echo(f"parameters {report['base']:,} + {report['added']:,} prefix-token ({100 * report['fraction']:.2f} %); "
                f"max |output change| at conversion {report['max_abs_diff']:.1e}")
-    click.echo(_wrote(report["out"], existing))
+    click.echo(wrote(report["out"], existing))
 

@@ -17,7 +17,7 @@ else:  # click's annotations make ParamType generic; older clicks cannot subscri
     _StatsType = click.ParamType
 
 
-def _device(name: str) -> str:
+def resolve_device(name: str) -> str:
     import torch
 
     if name == "auto":
@@ -58,7 +58,7 @@ ARCH = click.option("--arch", metavar="NAME",
 STD = click.option("--std", type=_Stats(), help="Per-channel standard deviation, with --mean.")
 
 
-def _inputs_line(weights: str, norm: Mapping[str, Any]) -> str:
+def inputs_line(weights: str, norm: Mapping[str, Any]) -> str:
     """Which weights and which normalisation an analysis or cut used (both change every number after it)."""
     def numbers(values: Iterable[float]) -> str:
         return ",".join(f"{v:g}" for v in values)
@@ -67,7 +67,7 @@ def _inputs_line(weights: str, norm: Mapping[str, Any]) -> str:
             f"{numbers(norm['mean'])} std {numbers(norm['std'])} ({norm['source']})")
 
 
-class _FiniteRange(click.FloatRange):
+class FiniteRange(click.FloatRange):
     """click's FloatRange, refusing also nan (which passes its bounds: every comparison with it is false) and
     infinities when the range is open-ended."""
 
@@ -87,14 +87,14 @@ MAX_HEAL_EPOCHS = 10_000
 MAX_SEED = 2**32 - 1
 
 
-def _check_paths(inputs: Mapping[str, Path | str | None] | None = None,
+def check_paths(inputs: Mapping[str, Path | str | None] | None = None,
                  files: Mapping[str, Path | None] | None = None, folders: Mapping[str, Path | None] | None = None
                  ) -> frozenset[Path]:
     """Every path a command reads or writes, checked before any work (``isiwatch._utils.files.check_output``):
     ``inputs`` must be a regular file or a directory, ``files`` are file outputs and ``folders`` folder outputs,
     each in a place that can be written; keys name them in the message ("" for an argument, "--out" for an option).
     ``None`` is an option not given. Returns the files already there that an output may replace (resolved): the
-    file outputs and what the output folders hold, for ``_wrote``."""
+    file outputs and what the output folders hold, for ``wrote``."""
     from .._utils.files import check_input, check_output
 
     for name, path in (inputs or {}).items():
@@ -110,7 +110,7 @@ def _check_paths(inputs: Mapping[str, Path | str | None] | None = None,
     return frozenset(existing)
 
 
-def _wrote(path: Path, existing: frozenset[Path]) -> str:
+def wrote(path: Path, existing: frozenset[Path]) -> str:
     """The line naming an output written, saying when it replaced a file that was there before the command ran
     (atomically: the old file stayed whole until the new one was complete)."""
     return f"wrote {path}" + (" (replaced the existing file)" if Path(path).resolve() in existing else "")
@@ -120,7 +120,7 @@ PROGRESS = click.option("--progress/--no-progress", default=None,
                         help="Draw progress bars [default: only when stderr is a terminal].")
 
 
-def _progress(force: bool | None) -> bool:
+def progress_shown(force: bool | None) -> bool:
     from .._utils.progress import show_progress
 
     return show_progress(force)

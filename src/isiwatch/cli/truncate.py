@@ -13,22 +13,7 @@ import click
 from ..truncation.engine import DIST_STRATEGIES, PRECISIONS  # choices; lightning loads lazily
 from ..truncation.options import OPTION_DEFAULTS  # option defaults, from modules free of torch and timm
 from ..truncation.strategies import BRIDGE_METHODS, DEFAULT_STRATEGY, STRATEGIES
-from .shared import (
-    ARCH,
-    MAX_HEAL_EPOCHS,
-    MAX_HEAL_STEPS,
-    MAX_SEED,
-    MEAN,
-    PROGRESS,
-    STD,
-    WORKERS,
-    _check_paths,
-    _device,
-    _FiniteRange,
-    _inputs_line,
-    _progress,
-    _wrote,
-)
+from . import shared
 
 __all__ = ["NO_CERTIFIED_CUT", "truncate"]
 
@@ -78,9 +63,9 @@ def _python_default(name: str) -> dict[str, Any]:
 @click.option("--keep", type=click.IntRange(min=1),
               help="Blocks to keep (default: the plateau cut's depth for plateau, the recommended depth for the other "
                    "fixed strategies).")
-@click.option("--max-drop", type=_FiniteRange(0, 100, max_open=True), **_python_default("max_drop"),
+@click.option("--max-drop", type=shared.FiniteRange(0, 100, max_open=True), **_python_default("max_drop"),
               help="auto: accuracy points a cut may lose.")
-@click.option("--confidence", type=_FiniteRange(0, 1, max_open=True), **_python_default("confidence"),
+@click.option("--confidence", type=shared.FiniteRange(0, 1, max_open=True), **_python_default("confidence"),
               help="auto: confidence that no certified cut loses more than --max-drop: exact upper bounds of the "
                    "paired validation drop, one sequence tested in a fixed order from the fewest blocks dropped, "
                    "each cut repaired as the healing images choose, stopping at its first failure; refused before "
@@ -91,9 +76,9 @@ def _python_default(name: str) -> dict[str, Any]:
 @click.option("--train-last", type=click.IntRange(min=0),
               help="Kept blocks to fine-tune, counted from the end (default: half; auto's cuts that keep fewer train "
                    "all of theirs).")
-@click.option("--epochs", type=click.IntRange(0, MAX_HEAL_EPOCHS), **_python_default("epochs"),
+@click.option("--epochs", type=click.IntRange(0, shared.MAX_HEAL_EPOCHS), **_python_default("epochs"),
               help="Healing epochs (0: cut only), unless --heal-steps is given.")
-@click.option("--heal-steps", type=click.IntRange(1, MAX_HEAL_STEPS),
+@click.option("--heal-steps", type=click.IntRange(1, shared.MAX_HEAL_STEPS),
               help="Optimizer steps of a full heal (batches of 128; default: --epochs); the bound refuses a slip that "
                    "would heal for ever (more steps than three 300-epoch ImageNet-1k trainings).")
 @click.option("--bridge", type=click.Choice(BRIDGE_METHODS), **_python_default("bridge"),
@@ -105,7 +90,7 @@ def _python_default(name: str) -> dict[str, Any]:
 @click.option("--resume", is_flag=True,
               help="auto: continue the search journalled in OUT.search.jsonl without healing its finished "
                    "candidates again.")
-@click.option("--lr", type=_FiniteRange(min=0, min_open=True), **_python_default("lr"),
+@click.option("--lr", type=shared.FiniteRange(min=0, min_open=True), **_python_default("lr"),
               help="Peak healing learning rate.")
 @click.option("--distill", is_flag=True, help="Also distil the uncut model's logits while healing.")
 @click.option("--metric", help="Curve whose plateau sets the cut (default: the analysis's, else token_similarity).")
@@ -113,15 +98,15 @@ def _python_default(name: str) -> dict[str, Any]:
               help="Images for the analysis and the block scores.")
 @click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), **_python_default("fmt"))
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help="Also write the report as JSON.")
-@ARCH
+@shared.ARCH
 @click.option("--num-heads", type=click.IntRange(min=1),
               help="Attention heads, for a checkpoint that records neither them nor an architecture.")
 @click.option("--no-ema", is_flag=True, help="Use state_dict even when state_dict_ema is present.")
-@click.option("--seed", type=click.IntRange(0, MAX_SEED), **_python_default("seed"),
+@click.option("--seed", type=click.IntRange(0, shared.MAX_SEED), **_python_default("seed"),
               help="Healing order and random strategy seed (Lightning's seed_everything range).")
-@MEAN
-@STD
-@PROGRESS
+@shared.MEAN
+@shared.STD
+@shared.PROGRESS
 @click.option("--accelerator", "--device", "device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True, help="Where to heal and evaluate (Lightning Fabric's accelerator).")
 @click.option("--devices", type=click.IntRange(min=1), **_python_default("devices"),
@@ -136,7 +121,7 @@ def _python_default(name: str) -> dict[str, Any]:
 @click.option("--batch-size", type=click.IntRange(min=1), **_python_default("batch_size"),
               help="Images per batch over all processes (each of --devices takes its share), so a run heals "
                    "alike on any number of processes.")
-@WORKERS
+@shared.WORKERS
 def truncate(checkpoint: Path, out: Path, dataset: str | None, train_split: str, val_split: str, no_ema: bool,
              device: str, progress: bool | None, **options: Any) -> None:
     """Cut a trained ViT to the cheapest depth within an accuracy bound (or by a fixed strategy) and heal it by
@@ -153,9 +138,9 @@ def truncate(checkpoint: Path, out: Path, dataset: str | None, train_split: str,
     if splits and dataset is None:
         raise click.UsageError("--train-split and --val-split name the splits of a --dataset")
     hugging_face = checkpoint.is_dir()  # a save_pretrained directory: --out is a new directory
-    existing = _check_paths({"": checkpoint}, files={"--report": options["report"],
-                                                     **({} if hugging_face else {"--out": out})},
-                            folders={"--out": out} if hugging_face else {})  # before torch and timm load: seconds
+    existing = shared.check_paths({"": checkpoint},
+                                  files={"--report": options["report"], **({} if hugging_face else {"--out": out})},
+                                  folders={"--out": out} if hugging_face else {})  # before torch and timm: seconds
     from .._utils.option_error import OptionError
     from ..io.timm_data import TimmDataset
     from ..truncation.explain import story_lines
@@ -170,12 +155,13 @@ def truncate(checkpoint: Path, out: Path, dataset: str | None, train_split: str,
                                                              val_split))
     try:
         result = truncate_model(checkpoint, out, journal=journal_path(out) if auto else None, prefer_ema=not no_ema,
-                                device=_device(device), progress=_progress(progress), echo=click.echo, **options)
+                                device=shared.resolve_device(device), progress=shared.progress_shown(progress),
+                                echo=click.echo, **options)
     except OptionError as exc:  # worded with this command's flags (--keep K), not Python's parameters (keep=K)
         raise click.ClickException(exc.worded({p.name: p.opts[0] for p in ctx.command.params if p.name})) from None
     if not result.writer:  # another process of a distributed run prints and writes
         return
-    click.echo(_inputs_line(result.report["weights"], result.report["normalization"]))
+    click.echo(shared.inputs_line(result.report["weights"], result.report["normalization"]))
     click.echo("images: " + "; ".join(f"{part} {d['images']} of {d['of']} in {d['source']}"
                                       for part, d in result.report["data"].items()))
     if result.report["search"]:
@@ -186,7 +172,7 @@ def truncate(checkpoint: Path, out: Path, dataset: str | None, train_split: str,
     for line in story_lines(result.report):
         click.echo(line)
     for path in result.paths:
-        click.echo(_wrote(path, existing))
+        click.echo(shared.wrote(path, existing))
     if result.report.get("validate_command"):
         click.echo("evaluate it with timm's validate.py (in timm's source repository, not its wheel: git clone "
                    f"https://github.com/huggingface/pytorch-image-models): {result.report['validate_command']}")
