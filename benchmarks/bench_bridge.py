@@ -50,6 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_guarantee import MODELS as GUARANTEE_MODELS  # noqa: E402
+from bench_guarantee import HeldOutScorer, repaired_base  # noqa: E402
 from bench_guarantee import train as train_guarantee  # noqa: E402
 from machine import machine  # noqa: E402
 
@@ -60,15 +61,11 @@ from isiwatch.io.timm_data import first_images  # noqa: E402
 from isiwatch.measure.flops import count_flops  # noqa: E402
 from isiwatch.truncation.confidence import AcceptanceRule, PairedDrop, SearchGuarantee  # noqa: E402
 from isiwatch.truncation.healing import DIGITS_VIT_ARCH, make_digits_vit, predict, train_classifier  # noqa: E402
-from isiwatch.truncation.search import CutSearch, Score  # noqa: E402
+from isiwatch.truncation.plan import TruncationPlan, plan  # noqa: E402
+from isiwatch.truncation.request import TruncateRequest  # noqa: E402
+from isiwatch.truncation.search import CutSearch  # noqa: E402
 from isiwatch.truncation.strategies import DEFAULT_BUDGET, DEFAULT_CONFIDENCE  # noqa: E402
 from isiwatch.truncation.surgery import CutRepair  # noqa: E402
-from isiwatch.truncation.truncate import (  # noqa: E402
-    TruncateRequest,
-    TruncationPlan,
-    choose_blocks,
-    plan,
-)
 
 RESULTS = Path(__file__).parent / "results" / "bridge"
 #: Arm: (bridge fit, heals, the search now: one sequence).
@@ -161,12 +158,6 @@ class Candidates:
         self.correct: dict[tuple, torch.Tensor] = {}
         self.states: dict[tuple, dict] = {}  # a heal's key: the healed weights
 
-    def blocks_for(self, strategy: str, keep: int) -> list[int] | None:
-        p = self.plan
-        if strategy == "plateau" and p.phases is None:
-            return None
-        return choose_blocks(strategy, self.depth, keep, phases=p.phases, distances=p.distances, seed=0)
-
     def spending(self, fit: str) -> set[tuple]:
         """A fresh record of what one arm run uses (judgements, fits, heals)."""
         self.repairs[fit].spent = set()
@@ -197,6 +188,14 @@ class Candidates:
         return PairedDrop.from_correct(self.uncut[images].tolist(),
                                        self.of(kept, fit, base, steps, spent)[images].tolist())
 
+    def scorer(self, fit: str, val: torch.Tensor, rule: AcceptanceRule, heal_steps: int,
+               spent: set[tuple]) -> HeldOutScorer:
+        """The shipped scorer on the validation split ``val`` with the bridge ``fit``, healing ``heal_steps``;
+        what it uses goes to ``spent``."""
+        return HeldOutScorer(self.plan, self.repairs[fit], rule, self.uncut, val, heal_steps,
+                             lambda kept, steps, base: self.of(kept, fit, base, steps, spent),
+                             lambda kept: self.healer(kept, fit, heal_steps, spent))
+
     def cost(self, spent: set[tuple], fit: str) -> tuple[int, float]:
         """FLOPs and seconds of everything in ``spent``, with the uncut stream's pass when any cut was judged."""
         costs = [self.costs[k] for k in spent] + ([self.stream_cost[fit]] if any(k[0] == "judge" for k in spent)
@@ -225,9 +224,10 @@ def run_before(cands: Candidates, arm: str, val: torch.Tensor, max_drop: float) 
         disagreement = repair.disagreement[tuple(kept)]
         return "bridged" if disagreement["bridged"] < disagreement["cut"] else "cut"
 
-    order = CutSearch(cands.depth, SearchGuarantee(max_drop, DEFAULT_CONFIDENCE), DEFAULT_BUDGET, cands.blocks_for,
-                      lambda *_: Score(0, 0, PairedDrop(1, 0, 0), 0)).fixed_order()
     rule = AcceptanceRule(max_drop, share)
+    scorer = cands.scorer(fit, val, rule, 0, spent)
+    order = CutSearch(cands.depth, SearchGuarantee(max_drop, DEFAULT_CONFIDENCE), DEFAULT_BUDGET, scorer.blocks_for,
+                      scorer.score).fixed_order()
     qualified: list[tuple[list[int], str, int, float]] = []  # kept, base, steps, bound
     for steps, candidates in ((0, order), (screen, order[:DEFAULT_BUDGET]) if heals else (0, [])):
         for _, kept in candidates:
@@ -251,30 +251,20 @@ def run_before(cands: Candidates, arm: str, val: torch.Tensor, max_drop: float) 
 
 
 def run_now(cands: Candidates, arm: str, val: torch.Tensor, max_drop: float) -> dict:
-    """The search now (`CutSearch` through `CutRepair.choose`, as ``auto_cut`` runs it) with arm ``arm``'s
-    options on this validation split."""
+    """The search now (`CutSearch` through the shipped `CandidateScorer`, as ``auto_cut`` runs it) with arm
+    ``arm``'s options on this validation split."""
     fit, heals, _ = ARMS[arm]
     full = cands.plan.heal_steps if heals else 0
     guarantee = SearchGuarantee(max_drop, DEFAULT_CONFIDENCE)
-    spent, repair = cands.spending(fit), cands.repairs[fit]
-    chosen: dict[tuple, tuple[str, int]] = {}
-
-    def score(strategy: str, kept: list[int], may_heal: bool) -> Score:
-        heal = cands.healer(kept, fit, full, spent) if may_heal and full > 0 else None
-        choice = repair.choose(kept, guarantee.rule, len(val), heal)
-        base, steps = "cut" if choice.record["base"] == "as cut" else "bridged", choice.steps
-        chosen[tuple(kept)] = (base, steps)
-        correct = cands.of(kept, fit, base, steps, spent)[val]
-        return Score(0.0, float(correct.float().mean()), cands.pair(kept, fit, base, steps, val), steps,
-                     choice.repair)
-    winner = CutSearch(cands.depth, guarantee, DEFAULT_BUDGET, cands.blocks_for, score).run()
+    spent = cands.spending(fit)
+    scorer = cands.scorer(fit, val, guarantee.rule, full, spent)
+    winner = CutSearch(cands.depth, guarantee, DEFAULT_BUDGET, scorer.blocks_for, scorer.score).run()
     flops, seconds = cands.cost(spent, fit)
     if winner is None:
         return {"kept": list(range(cands.depth)), "base": "cut", "steps": 0, "bound": None, "repair_flops": flops,
                 "repair_seconds": seconds}
-    base, steps = chosen[tuple(winner.kept)]
-    return {"kept": winner.kept, "base": base, "steps": steps, "bound": winner.bound, "repair_flops": flops,
-            "repair_seconds": seconds}
+    return {"kept": winner.kept, "base": repaired_base(winner), "steps": winner.healing_steps, "bound": winner.bound,
+            "repair_flops": flops, "repair_seconds": seconds}
 
 
 def run_model(name: str, args: argparse.Namespace, models: dict) -> list[dict]:

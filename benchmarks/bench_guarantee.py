@@ -52,15 +52,12 @@ from isiwatch.io.data import DIGITS_TRAIN, embedded_digits  # noqa: E402
 from isiwatch.io.timm_data import first_images  # noqa: E402
 from isiwatch.truncation.confidence import AcceptanceRule, PairedDrop, SearchGuarantee  # noqa: E402
 from isiwatch.truncation.healing import predict, train_classifier  # noqa: E402
-from isiwatch.truncation.search import CutSearch, Score  # noqa: E402
+from isiwatch.truncation.plan import TruncationPlan, plan  # noqa: E402
+from isiwatch.truncation.request import TruncateRequest  # noqa: E402
+from isiwatch.truncation.scoring import CandidateScorer  # noqa: E402
+from isiwatch.truncation.search import Candidate, CutSearch  # noqa: E402
 from isiwatch.truncation.strategies import AUTO_STRATEGIES, DEFAULT_BUDGET, DEFAULT_CONFIDENCE  # noqa: E402
-from isiwatch.truncation.surgery import CutRepair  # noqa: E402
-from isiwatch.truncation.truncate import (  # noqa: E402
-    TruncateRequest,
-    TruncationPlan,
-    choose_blocks,
-    plan,
-)
+from isiwatch.truncation.surgery import CutRepair, RepairChoice  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "guarantee"
 #: Model name: (seed, trained blocks, idle blocks after which trained block (-1: before the first), the idle
@@ -100,12 +97,6 @@ class Candidates:
         self.states: dict[tuple[tuple[int, ...], int, str], dict] = {}  # the healed weights
         self.heals = 0
 
-    def blocks_for(self, strategy: str, keep: int) -> list[int] | None:
-        p = self.plan
-        if strategy == "plateau" and p.phases is None:
-            return None
-        return choose_blocks(strategy, self.depth, keep, phases=p.phases, distances=p.distances, seed=0)
-
     def of(self, kept: list[int], steps: int, base: str = "cut") -> torch.Tensor:
         key = (tuple(kept), steps, base)
         if key not in self.correct:
@@ -128,30 +119,51 @@ class Candidates:
     def pair(self, kept: list[int], steps: int, images: torch.Tensor, base: str = "cut") -> PairedDrop:
         return PairedDrop.from_correct(self.uncut[images].tolist(), self.of(kept, steps, base)[images].tolist())
 
+    def scorer(self, val: torch.Tensor, rule: AcceptanceRule, heal_steps: int) -> HeldOutScorer:
+        """The shipped scorer on the validation split ``val``, healing ``heal_steps``."""
+        return HeldOutScorer(self.plan, self.repair, rule, self.uncut, val, heal_steps, self.of,
+                             lambda kept: self.healer(kept, heal_steps))
+
+
+class HeldOutScorer(CandidateScorer):
+    """The scorer ``auto_cut`` runs (`CandidateScorer`) on one validation split ``val`` (indices) of a model's
+    held-out digits, whose cuts are repaired once for every split: ``of(kept, steps, base)`` is a repaired cut's
+    correctness on all held-out digits (``uncut_correct``: the uncut model's), ``heal_of(kept)`` the heal
+    `CutRepair.choose` calls."""
+
+    def __init__(self, planned: TruncationPlan, repair: CutRepair, rule: AcceptanceRule, uncut_correct: torch.Tensor,
+                 val: torch.Tensor, heal_steps: int, of: Callable[[list[int], int, str], torch.Tensor],
+                 heal_of: Callable[[list[int]], Callable[[torch.nn.Module], int]]):
+        super().__init__(planned.depth, planned.inputs, repair, rule, uncut_correct[val], heal_steps, planned.heal)
+        self.val, self.of, self.heal_of = val, of, heal_of
+
+    def healer(self, kept: list[int]) -> Callable[[torch.nn.Module], int]:
+        return self.heal_of(kept)
+
+    def correct(self, kept: list[int], repaired: RepairChoice | None) -> torch.Tensor:
+        steps, base = (0, "cut") if repaired is None else (repaired.steps, repaired_base(repaired))
+        return self.of(kept, steps, base)[self.val]
+
+
+def repaired_base(repaired: RepairChoice | Candidate) -> str:
+    """The cut a repair (or a tested candidate's) starts from: "bridged", or "cut" (as it is; a heal starts from it
+    too)."""
+    return "bridged" if repaired.bridge is not None else "cut"
+
 
 def fixed_sequence(cands: Candidates, val: torch.Tensor,
                    max_drop: float) -> tuple[list[int], int, float | None, str]:
-    """The rule now (`CutSearch` through `CutRepair.choose`, as ``auto_cut`` runs them): the delivered model's
-    kept blocks, healing steps, validation bound (None: nothing certified, the uncut model) and base (as cut or
-    bridged)."""
-    full = cands.plan.heal_steps
+    """The rule now (`CutSearch` through the shipped `CandidateScorer`, as ``auto_cut`` runs them): the delivered
+    model's kept blocks, healing steps, validation bound (None: nothing certified, the uncut model) and base (as
+    cut or bridged)."""
     guarantee = SearchGuarantee(max_drop, DEFAULT_CONFIDENCE)
     if not guarantee.certifiable(len(val)):
         return list(range(cands.depth)), 0, None, "cut"
-    chosen: dict[tuple[int, ...], tuple[int, str]] = {}
-
-    def score(strategy: str, kept: list[int], may_heal: bool) -> Score:
-        heal = cands.healer(kept, full) if may_heal and full > 0 else None
-        choice = cands.repair.choose(kept, guarantee.rule, len(val), heal)
-        steps, base = choice.steps, "cut" if choice.record["base"] == "as cut" else "bridged"
-        chosen[tuple(kept)] = (steps, base)
-        return Score(0.0, float(cands.of(kept, steps, base)[val].float().mean()),
-                     cands.pair(kept, steps, val, base), steps, choice.repair)
-    winner = CutSearch(cands.depth, guarantee, DEFAULT_BUDGET, cands.blocks_for, score).run()
+    scorer = cands.scorer(val, guarantee.rule, cands.plan.heal_steps)
+    winner = CutSearch(cands.depth, guarantee, DEFAULT_BUDGET, scorer.blocks_for, scorer.score).run()
     if winner is None:
         return list(range(cands.depth)), 0, None, "cut"
-    steps, base = chosen[tuple(winner.kept)]
-    return winner.kept, steps, winner.bound, base
+    return winner.kept, winner.healing_steps, winner.bound, repaired_base(winner)
 
 
 class Exhausted(Exception):
@@ -172,9 +184,10 @@ def bonferroni(cands: Candidates, val: torch.Tensor, max_drop: float,
     if needed is None or len(val) < needed:
         return list(range(cands.depth)), 0, None, "cut"
     tried: dict[tuple[int, ...], tuple[bool, float, float]] = {}  # kept: qualifies, healed accuracy, bound
+    blocks_for = cands.scorer(val, rule, screen).blocks_for
 
     def qualifies(strategy: str, keep: int) -> bool:
-        kept = cands.blocks_for(strategy, keep)
+        kept = blocks_for(strategy, keep)
         if kept is None:
             return False
         if tuple(kept) not in tried:
@@ -185,7 +198,7 @@ def bonferroni(cands: Candidates, val: torch.Tensor, max_drop: float,
                                   rule.bound(pair))
         return tried[tuple(kept)][0]
 
-    applicable = [s for s in AUTO_STRATEGIES if cands.blocks_for(s, 1) is not None]
+    applicable = [s for s in AUTO_STRATEGIES if blocks_for(s, 1) is not None]
     low, high, probe = 1, cands.depth, start if 1 <= start < cands.depth else None
     try:
         while low < high:

@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from machine import machine
 from scipy import stats
 
@@ -37,7 +36,6 @@ from isiwatch._utils.threads import add_threads_argument, current_load, set_torc
 from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
 from isiwatch.measure.analysis import analyze
 from isiwatch.measure.boundary_distances import boundary_distances
-from isiwatch.measure.flops import count_flops
 from isiwatch.measure.phases import Phases
 from isiwatch.truncation.cost import count_parameters, forward_flops, measure_latency
 from isiwatch.truncation.healing import (
@@ -50,8 +48,9 @@ from isiwatch.truncation.healing import (
     prepare_healing,
     train_classifier,
 )
-from isiwatch.truncation.strategies import STRATEGIES, CutInputs
-from isiwatch.truncation.truncate import HEAL_EPOCHS, HEAL_LR, choose_blocks, cut_vit
+from isiwatch.truncation.strategies import HEAL_EPOCHS, HEAL_LR, STRATEGIES, CutInputs, choose_blocks
+from isiwatch.truncation.surgery import cut_vit
+from isiwatch.watch.freezing import step_flops as training_step_flops
 
 
 def plateau_keep(phases: Phases) -> int:
@@ -67,12 +66,10 @@ PHASE_METRICS = ("token_similarity", "probe_cls", "probe_patch_mean", "attn_toke
 
 
 def step_flops(model, x, y) -> int:
-    """FLOPs of one training step's forward and backward with the model's current requires_grad flags."""
-    def step():
-        F.cross_entropy(model(x), y).backward()
-    flops = count_flops(step)
-    model.zero_grad(set_to_none=True)
-    return flops
+    """FLOPs of one training step's forward and backward with the model's current requires_grad flags: the
+    library's count (`isiwatch.watch.freezing.step_flops`). The loss is element-wise, which the counter does not
+    count, so the labels ``y`` change nothing (the signature is ``bench_depth.py``'s calls')."""
+    return training_step_flops(model, x)
 
 
 def mean_ci(values: list[float]) -> tuple[float, float]:

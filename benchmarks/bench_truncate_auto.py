@@ -52,6 +52,7 @@ from isiwatch.io.checkpoint import Checkpoint  # noqa: E402
 from isiwatch.measure.analysis import DEFAULT_PHASE_METRIC, analyze  # noqa: E402
 from isiwatch.measure.boundary_distances import boundary_distances  # noqa: E402
 from isiwatch.measure.depth import recommend_depth  # noqa: E402
+from isiwatch.truncation.auto_search import auto_cut  # noqa: E402
 from isiwatch.truncation.confidence import PairedDrop  # noqa: E402
 from isiwatch.truncation.cost import count_parameters, forward_flops, measure_latency  # noqa: E402
 from isiwatch.truncation.healing import (  # noqa: E402
@@ -63,15 +64,10 @@ from isiwatch.truncation.healing import (  # noqa: E402
     prepare_healing,
     train_classifier,
 )
-from isiwatch.truncation.strategies import DEFAULT_BUDGET, DEFAULT_MAX_DROP  # noqa: E402
-from isiwatch.truncation.truncate import (  # noqa: E402
-    HEAL_EPOCHS,
-    TruncateRequest,
-    TruncationPlan,
-    auto_cut,
-    choose_blocks,
-    cut_vit,
-)
+from isiwatch.truncation.plan import TruncationPlan  # noqa: E402
+from isiwatch.truncation.request import TruncateRequest  # noqa: E402
+from isiwatch.truncation.strategies import DEFAULT_BUDGET, DEFAULT_MAX_DROP, HEAL_EPOCHS, choose_blocks  # noqa: E402
+from isiwatch.truncation.surgery import cut_vit  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "truncate_auto"
 FIXED = ("recommended", "bi", "angular", "tail", "random", "plateau")
@@ -102,8 +98,9 @@ def auto_plan(model, split: Task, measured: tuple, seed: int, **options) -> Trun
     recommendation, phases, distances = measured
     request = TruncateRequest(model, seed=seed, **{"bridge": "none", **options})  # the rule as measured: no bridge
     source = Checkpoint(Path("<sweep model>"), "vit", {}, {}, "")
-    return TruncationPlan(request, source, model, split, None, request.fabric_options.launch(), DEFAULT_PHASE_METRIC,
-                          phases, recommendation, distances, None)
+    return TruncationPlan(request=request, checkpoint=source, uncut=model, split=split, normalization=None,
+                          fabric=request.fabric_options.launch(), metric=DEFAULT_PHASE_METRIC, phases=phases,
+                          recommendation=recommendation, distances=distances, kept=None)
 
 
 def measure_model(model, task, max_drop: float) -> tuple:
@@ -124,10 +121,11 @@ def run_one(task, seed: int, args, items: Path) -> None:
     heal_options = {"epochs": HEAL_EPOCHS, "seed": seed, "train_last": None, "teacher": None, "amp": False}
     if f"{prefix}/auto" not in done:
         start = time.perf_counter()
-        cut, kept, search = auto_cut(auto_plan(model, task, measured, seed, max_drop=args.max_drop, confidence=0.0,
-                                               budget=args.budget, epochs=HEAL_EPOCHS))
+        found = auto_cut(auto_plan(model, task, measured, seed, max_drop=args.max_drop, confidence=0.0,
+                                   budget=args.budget, epochs=HEAL_EPOCHS))
+        kept, search = found.kept, found.record
         row = add_item(items, {"key": f"{prefix}/auto", "task": task.name, "seed": seed, "strategy": "auto", **uncut,
-                               "keep": len(kept), "kept": kept, "test": accuracy(cut, task.test_x, task.test_y),
+                               "keep": len(kept), "kept": kept, "test": accuracy(found.model, task.test_x, task.test_y),
                                "winner": search["winner_strategy"], "candidates": search["candidates"],
                                "recommendation": recommendation.to_dict(), "seconds": time.perf_counter() - start})
         print(f"{prefix} auto: K={len(kept)} ({row['winner']}) test {row['test']:.3f} vs uncut {row['uncut_test']:.3f}",
@@ -178,10 +176,10 @@ def guarantee_one(task, seed: int, args, items: Path) -> None:
             if key in done:
                 continue
             start = time.perf_counter()
-            cut, kept, search = auto_cut(auto_plan(model, split, measured, seed, max_drop=args.guarantee_max_drop,
-                                                   confidence=confidence, budget=args.budget, heal_steps=steps,
-                                                   distill=distill))
-            cut_correct = predict(cut, split.test_x) == split.test_y
+            found = auto_cut(auto_plan(model, split, measured, seed, max_drop=args.guarantee_max_drop,
+                                       confidence=confidence, budget=args.budget, heal_steps=steps, distill=distill))
+            kept, search = found.kept, found.record
+            cut_correct = predict(found.model, split.test_x) == split.test_y
             drop = PairedDrop.from_correct(uncut_correct.tolist(), cut_correct.tolist())
             row = add_item(items, {"key": key, "task": task.name, "seed": seed, "strategy": "guarantee",
                                    "resample": resample, "variant": variant, "confidence": confidence,

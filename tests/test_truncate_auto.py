@@ -8,7 +8,7 @@ import timm
 import torch
 from click.testing import CliRunner
 
-import isiwatch.truncation.truncate as truncate_module
+import isiwatch.truncation.plan as truncate_module
 from isiwatch.cli.commands import main
 from isiwatch.io.checkpoint import load_checkpoint
 from isiwatch.io.data import embedded_digits

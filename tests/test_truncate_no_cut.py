@@ -54,7 +54,7 @@ def test_no_certified_cut_writes_its_report_but_no_model_and_exits_with_its_own_
 def test_a_one_block_model_is_refused_before_any_data_analysis_or_file(tmp_path, monkeypatch):
     """Issue 48.2: a depth truncate cannot cut is refused in one line before the data is read, and leaves no
     journal."""
-    import isiwatch.truncation.truncate as truncate_module
+    import isiwatch.truncation.plan as truncate_module
 
     def never(*a, **k):
         raise AssertionError("the data was read for a model that cannot be cut")
@@ -73,7 +73,7 @@ def test_a_one_block_model_is_refused_before_any_data_analysis_or_file(tmp_path,
 def test_a_train_last_no_cut_can_honour_is_refused_before_any_data(trained, tmp_path, monkeypatch):
     """Issue 48.2: --train-last above the blocks a cut keeps (this 2-block model's cuts keep 1) is refused in one
     line before the data is read, for a fixed --keep and for auto."""
-    import isiwatch.truncation.truncate as truncate_module
+    import isiwatch.truncation.plan as truncate_module
 
     def never(*a, **k):
         raise AssertionError("the data was read for a request that cannot be honoured")
@@ -173,7 +173,7 @@ FOLDER = ["--mean", "0.1307", "--std", "0.3081", "--max-drop", "20", *QUICK]
 def test_classes_numbered_unlike_the_model_stop_before_healing(trained, named_folder, tmp_path, monkeypatch):
     """Issue 41.8: folders sorted in another order than the model's labels leave the uncut model below chance;
     truncate refuses in one line before any analysis or healing and writes nothing."""
-    import isiwatch.truncation.truncate as truncate_module
+    import isiwatch.truncation.plan as truncate_module
 
     def never(*a, **k):
         raise AssertionError("the analysis started on labels that do not match")
@@ -210,7 +210,7 @@ def test_a_corrupt_evaluation_image_stops_before_the_search_and_leaves_no_journa
     """Issue 41.9: every validation and test image is decoded before the analysis and the search."""
     import shutil
 
-    import isiwatch.truncation.truncate as truncate_module
+    import isiwatch.truncation.plan as truncate_module
 
     def never(*a, **k):
         raise AssertionError("the analysis started before every evaluation image was read")

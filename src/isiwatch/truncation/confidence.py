@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._utils.wording import points
+
 __all__ = ["AcceptanceRule", "PairedDrop", "SearchGuarantee", "above_chance", "upper_bound"]
 
 
@@ -196,12 +198,13 @@ class SearchGuarantee:
         return needed is not None and images >= needed
 
     def describe(self) -> str:
-        """How the rule reads in a report line."""
-        points = f"{self.max_drop:g} point{'' if self.max_drop == 1 else 's'}"
+        """When a cut qualifies, in the words every line that states the rule uses ("a cut qualifies when …")."""
+        within = points(self.max_drop)
         if self.confidence == 0:
-            return f"validation drop within {points} (point estimate)"
-        return (f"upper {100 * self.confidence:g} % confidence bound of the validation drop within {points} "
-                f"(exact; one fixed sequence at alpha {self.alpha:g})")
+            return f"its validation drop (a point estimate) is within {within}"
+        return (f"the upper {100 * self.confidence:g} % confidence bound of its validation drop (exact) is within "
+                f"{within}, one sequence tested at alpha {self.alpha:g} in a fixed order from the fewest blocks "
+                "dropped, stopping at its first failure")
 
     def to_dict(self) -> dict[str, Any]:
         return {"max_drop": self.max_drop, "confidence": self.confidence, "alpha": self.alpha,

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._utils.wording import points
 from ..measure.phases import plateau_name
 from .strategies import STRATEGIES
 from .truncate_report import REPAIRS
 
 __all__ = ["depth_story", "dropped_line", "judged", "sequence_line", "story_lines"]
-
-
-def _points(value: float) -> str:
-    return f"{value:g} point{'' if value == 1 else 's'}"
 
 
 def _blocks(blocks: list[int]) -> str:
@@ -39,7 +36,7 @@ def _validated(search: dict[str, Any], record: dict[str, Any], kind: str) -> str
     drop, confidence = record["validation_drop"], search.get("confidence") or 0
     bound = (f"at {100 * confidence:g} % confidence (upper bound {drop['upper_bound_points']:.2f})"
              if confidence else f"(observed {drop['points']:.2f}, a point estimate)")
-    return f"validation drop within {_points(search['max_drop'])} {bound}, {how}"
+    return f"validation drop within {points(search['max_drop'])} {bound}, {how}"
 
 
 def _phases_line(report: dict[str, Any]) -> str | None:

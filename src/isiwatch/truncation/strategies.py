@@ -2,7 +2,7 @@
 
 A strategy is one `Strategy` in `STRATEGIES`: the function naming the blocks it drops and the
 inputs it reads from the uncut model (`CutInputs`), so that a new strategy is one entry here; the command
-line's choices, `choose_blocks`, what `isiwatch.truncation.truncate.plan` measures and whether (and in which
+line's choices, `choose_blocks`, what `isiwatch.truncation.plan.plan` measures and whether (and in which
 order) ``auto`` tries it (its ``auto_rank``) all follow the registry. This module imports neither torch nor timm
 (the command line reads it to list its options); the functions import what they use when a cut is chosen.
 

@@ -7,8 +7,10 @@ from typing import Any
 
 from torch import Tensor
 
+from .._utils.wording import points
 from ..io.checkpoint import Checkpoint
 from ..measure.tables import format_table
+from .confidence import SearchGuarantee
 from .cost import separated
 
 
@@ -29,10 +31,6 @@ def measure(ckpt: Checkpoint, uncut: dict[str, Any], truncated: dict[str, Any], 
                          **{name: float((p == labels).float().mean()) for name, p in stages.items()}},
             "agreement": {name: float((p == reference).float().mean()) for name, p in stages.items()
                           if name != "uncut"}}
-
-
-def _points(value: float) -> str:
-    return f"{value:.2f} point{'' if value == 1 else 's'}"
 
 
 def accuracy_label(accuracy: dict[str, Any]) -> str:
@@ -105,13 +103,7 @@ def choice_cell(choice: dict[str, Any]) -> str:
 def rule_line(search: dict[str, Any]) -> str:
     """How ``auto`` chose and judged its candidates, in one line."""
     rule = search["rule"]
-    points = f"{rule['max_drop']:g} point{'' if rule['max_drop'] == 1 else 's'}"
-    if rule["confidence"] == 0:
-        how = f"its validation drop (a point estimate) is within {points}"
-    else:
-        how = (f"the upper {100 * rule['confidence']:g} % confidence bound of its validation drop (exact) is "
-               f"within {points}, one sequence tested at alpha {rule['alpha']:g} in a fixed order from the fewest "
-               "blocks dropped, stopping at its first failure")
+    how = SearchGuarantee(rule["max_drop"], rule["confidence"]).describe()
     bridge = search.get("bridge") or {"method": "none", "calibration_images": 0}
     repairs = ["as it is"] + ([f"bridged ({bridge['method']})"] if bridge["method"] != "none" else []) + (
         [f"healed ({search['heal_steps']} steps, {search['budget']} candidates at most)"] if search["heal_steps"]
@@ -141,7 +133,7 @@ def verdict_line(report: dict[str, Any]) -> str:
     how = f"upper {100 * confidence:g} % bound {bound:.2f}" if confidence else f"point estimate {bound:.2f}"
     return (f"cut to {winner['keep']} of {depth} blocks ({winner['strategy']}, {kind}): validation drop "
             f"{winner['validation_drop']['points']:.2f} points, {how} <= {search['max_drop']:g}; test drop "
-            f"{_points(test['points'])} on {test['images']} images, scored once "
+            f"{points(test['points'], '.2f')} on {test['images']} images, scored once "
             f"({'within' if test['within_max_drop'] else 'beyond'} {search['max_drop']:g})")
 
 
