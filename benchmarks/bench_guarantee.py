@@ -48,6 +48,7 @@ from test_truncate_auto import ARCH, KWARGS, padded  # noqa: E402
 
 from isiwatch._utils.files import write_json  # noqa: E402
 from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads  # noqa: E402
+from isiwatch._utils.wording import points  # noqa: E402
 from isiwatch.io.data import DIGITS_TRAIN, embedded_digits  # noqa: E402
 from isiwatch.io.timm_data import first_images  # noqa: E402
 from isiwatch.truncation.confidence import AcceptanceRule, PairedDrop, SearchGuarantee  # noqa: E402
@@ -289,7 +290,7 @@ def summarise(rows: list[dict]) -> tuple[dict, list[str]]:
         lines.append(f"| | | | **{more[0]:+d} cuts, {more[1]:+d} blocks** | | | | | |")
     lines += ["", "Validation images a cut that changes nothing needs to be certified (confidence 0.95, budget "
               f"{DEFAULT_BUDGET}; now one sequence at the whole error): " + "; ".join(
-                  f"{d} point{'' if d == '1' else 's'}: {n['fixed sequence']} (before: {n['Bonferroni (before)']})"
+                  f"{points(float(d))}: {n['fixed sequence']} (before: {n['Bonferroni (before)']})"
                   for d, n in summary["images_needed"].items())]
     return summary, lines
 

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 import torch
+from intervals import fmt
 from machine import machine
-from scipy import stats
 
 from isiwatch._utils.threads import add_threads_argument, current_load, set_torch_threads
 from isiwatch.io.data import DIGITS_TRAIN, embedded_digits
@@ -70,14 +70,6 @@ def step_flops(model, x, y) -> int:
     library's count (`isiwatch.watch.freezing.step_flops`). The loss is element-wise, which the counter does not
     count, so the labels ``y`` change nothing (the signature is ``bench_depth.py``'s calls')."""
     return training_step_flops(model, x)
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and half-width of the 95 % t-interval (nan with one value)."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, math.nan
-    return mean, float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
 
 
 class Items:
@@ -199,11 +191,6 @@ def cost_lines(cost_rows: list[dict]) -> list[str]:
     return ["| blocks | params | MFLOPs/img | latency ms, batch 64 | latency ms, batch 1 |", "|---|---|---|---|---|",
             *(f"| {r['blocks']} | {r['parameters']:,} | {r['flops_per_image'] / 1e6:.2f} | "
               f"{r['latency_ms_b64']:.1f} | {r['latency_ms_b1']:.2f} |" for r in cost_rows)]
-
-
-def fmt(values: list[float]) -> str:
-    mean, half = mean_ci([100 * v for v in values])
-    return f"{mean:.1f} ± {half:.1f}" if math.isfinite(half) else f"{mean:.1f}"
 
 
 def summarise(items: Items, args) -> dict:

@@ -41,9 +41,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_depth import BATCH, LR, PROBE_IMAGES, build_model, checkpoint_path, mean_ci  # noqa: E402
+from bench_depth import BATCH, LR, PROBE_IMAGES, build_model, checkpoint_path  # noqa: E402
 from bench_truncate import step_flops  # noqa: E402
 from depth_tasks import TASKS, Task, load_task  # noqa: E402
+from intervals import fmt_ci, mean_ci  # noqa: E402
 from machine import machine  # noqa: E402
 
 from isiwatch._utils.files import write_json  # noqa: E402
@@ -221,7 +222,7 @@ def guarantee_summary(rows: list[dict], cost_rows: list[dict], args) -> tuple[di
         speed = f"{entry['speedup_b64']:.2f}×" if entry["speedup_b64"] else "–"
         lines.append(f"| {variant} | {entry['cases']} | {100 * entry['exceeded_rate']:.1f} % | "
                      f"{100 * entry['cut_rate']:.0f} % | {100 * entry['removed']:.0f} % | {speed} | "
-                     f"{fmt_ci(entry['test_drop'])} | {entry['worst_test_drop_points']:+.1f} | "
+                     f"{fmt_ci(entry['test_drop'], signed=True)} | {entry['worst_test_drop_points']:+.1f} | "
                      f"{entry['search_seconds_median']:.0f} |")
     pairs = {(r["task"], r["seed"], r["resample"]): r for r in rows if r.get("variant") == "plain 0.95"}
     diffs = [r["test"] - pairs[k]["test"] for r in rows if r.get("variant") == "distill 0.95"
@@ -231,7 +232,8 @@ def guarantee_summary(rows: list[dict], cost_rows: list[dict], args) -> tuple[di
         plain, distill = summary["variants"]["plain 0.95"], summary["variants"]["distill 0.95"]
         summary["distill_search_time_ratio"] = distill["search_seconds_median"] / plain["search_seconds_median"]
         lines += ["", f"`--distill` minus plain healing at equal steps, paired test accuracy: "
-                  f"{fmt_ci(summary['distill_minus_plain'])} points over {len(diffs)} cases; certified cuts "
+                  f"{fmt_ci(summary['distill_minus_plain'], signed=True)} points over {len(diffs)} cases; "
+                  "certified cuts "
                   f"{distill['cuts']} against {plain['cuts']}; median search time "
                   f"{summary['distill_search_time_ratio']:.1f}× plain's.", ""]
     return summary, lines
@@ -316,7 +318,7 @@ def summarise(rows: list[dict], cost_rows: list[dict], args) -> tuple[dict, list
             if diffs:
                 task["paired"][f"recommended - {other}"] = mean_ci(diffs)
         lines += ["", "Paired, recommended cut minus each baseline at the same K (test points): " + "; ".join(
-            f"{k.split(' - ')[1]} {fmt_ci(v)}" for k, v in task["paired"].items()), ""]
+            f"{k.split(' - ')[1]} {fmt_ci(v, signed=True)}" for k, v in task["paired"].items()), ""]
         summary[name] = task
     return summary, lines
 
@@ -330,13 +332,8 @@ def cost_lines(cost_rows: list[dict], threads: int, rounds: int) -> list[str]:
 
 
 def fmt(values: list[float], signed: bool = False) -> str:
+    """Mean ± half-width in points; the mean is scaled after averaging, as the committed tables were written."""
     return fmt_ci(mean_ci(values), signed)
-
-
-def fmt_ci(mean_half: tuple, signed: bool = True) -> str:
-    mean, half = mean_half
-    text = f"{100 * mean:+.1f}" if signed else f"{100 * mean:.1f}"
-    return text + (f" ± {100 * half:.1f}" if half is not None else "")
 
 
 def main() -> None:

@@ -160,7 +160,7 @@ def truncate_auto(data: dict) -> list[str]:
            f"--threads {args['threads']}` for the latency columns. Output: "
            "`benchmarks/results/truncate_auto/truncate_auto.json`. Machine of the latency run: "
            f"{describe(data.get('machine'))}.", "",
-           f"For each {depth}-block sweep model: **auto** (`isiwatch.truncation.truncate.auto_cut`, `--max-drop` "
+           f"For each {depth}-block sweep model: **auto** (`isiwatch.truncation.auto_search.auto_cut`, `--max-drop` "
            f"{float(args['max_drop']):g} point, budget {args['budget']}, choosing on the validation half of the "
            "held-out images); each fixed strategy cut to the recommended depth K (`recommended` = exactly the "
            "blocks `recommend_depth` keeps) and healed with the library's budget; and **scratch**, a K-block model "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from .._utils import wording
 from .._utils.state import is_number as _number
 from ..truncation.explain import depth_story, dropped_line, judged, sequence_line
 from ..truncation.strategies import STRATEGIES
@@ -63,7 +64,7 @@ def _rule_caption(search: dict[str, Any]) -> str:
         parts.append("uncut accuracy validation" + (f" n={images}" if images else "")
                      + f" {search['uncut_validation_accuracy']:.3f} (the val columns: the same images)")
     if _number(search.get("max_drop")):
-        points = f"{search['max_drop']:g} point{'' if search['max_drop'] == 1 else 's'}"
+        points = wording.points(search["max_drop"])
         confidence = search.get("confidence") or 0
         if confidence:
             method = (search.get("rule") or {}).get("method")
