@@ -17,6 +17,8 @@ import importlib
 import logging
 import sys
 import time
+from collections.abc import Mapping
+from types import TracebackType
 
 from .alerts import ALERT_KINDS, Alert, AlertEngine
 
@@ -167,3 +169,59 @@ class FaultLog:
         if self.echo:
             to_stderr(f"isiwatch: [{record.kind}] step {record.step}: {record.message}")
         self.alerts.dispatch(record)
+
+    def guard(self, source: str, step: int, *, strict: bool = False, report: bool = True, recover: bool = True,
+              sources_by_type: Mapping[type[Exception], str] | None = None) -> FaultGuard:
+        """A [`FaultGuard`][isiwatch.watch.faults.FaultGuard] for ``source`` at ``step`` that reports here (its
+        arguments are the guard's)."""
+        return FaultGuard(self, source, step, strict=strict, report=report, recover=recover,
+                          sources_by_type=sources_by_type)
+
+
+class FaultGuard:
+    """Contains what a ``with guard:`` block raises, so that a failing part of the Watch never reaches training: the
+    exception is kept in `failures` and reported as a failure of ``source`` (`FaultLog.failed`); a block that
+    works counts towards closing ``source``'s episode (`FaultLog.recovered`). One guard may wrap several blocks.
+
+    Args:
+        faults: The fault log that reports.
+        source: What the blocks are (``"alert rules"``, ``"exporter JsonlExporter"``).
+        step: The training step the records name.
+        strict: Re-raise instead of containing (the Watch's ``strict`` option, for tests and debugging).
+        report: Report a failure now; False only keeps it, for a caller that reports it later (the probe pass,
+            once the ranks have agreed whether any of them failed).
+        recover: Count a block that works towards closing the episode; False for a caller that decides itself.
+        sources_by_type: Exception types that are an episode of their own, reported under the source given here
+            instead of ``source``; a block that works closes those episodes too.
+    """
+
+    def __init__(self, faults: FaultLog, source: str, step: int, *, strict: bool = False, report: bool = True,
+                 recover: bool = True, sources_by_type: Mapping[type[Exception], str] | None = None):
+        self.faults, self.source, self.step = faults, source, step
+        self.strict, self.report, self.recover = strict, report, recover
+        self.sources_by_type = dict(sources_by_type or {})
+        #: What the blocks raised and the guard contained, in order.
+        self.failures: list[Exception] = []
+
+    @property
+    def failure(self) -> Exception | None:
+        """The first exception contained, or None when every block worked."""
+        return self.failures[0] if self.failures else None
+
+    def __enter__(self) -> FaultGuard:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> bool:
+        if exc is None:
+            if self.recover:
+                for source in (self.source, *self.sources_by_type.values()):
+                    self.faults.recovered(source, self.step)
+            return False
+        if not isinstance(exc, Exception) or self.strict:
+            return False
+        self.failures.append(exc)
+        if self.report:
+            source = next((s for t, s in self.sources_by_type.items() if isinstance(exc, t)), self.source)
+            self.faults.failed(source, self.step, exc)
+        return True
