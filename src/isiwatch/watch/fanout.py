@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._utils.files import reserve_std_fds
-from .alerts import Alert, AlertSink, log_sink
+from .alerts import Alert, AlertEngine, AlertSink, log_sink
 from .config import WatchOptions
 from .exporters import Exporter, JsonlExporter, PrometheusExporter, TensorBoardExporter
 from .faults import FaultLog
@@ -38,34 +39,46 @@ def build_exporters(opts: WatchOptions, run: str, registry: CollectorRegistry | 
 
 
 class Fanout:
-    """Calls the exporters' hooks and the user's ``alert_callback``, each under the fault log's guard.
+    """The Watch's outputs: its alert engine, whose sinks get every record in call order (the records of the sample
+    in progress, the log, the exporters, ``alert_callback``), its fault log, and the exporters' hooks, each call
+    under the fault log's guard.
 
     Args:
-        exporters: Where samples and alert records go, in call order.
-        faults: The Watch's fault log: it reports each exporter or callback that fails.
+        run: The run's name.
+        exporters: The Watch's exporters now (read at each call: the Watch empties them when it closes).
         options: The Watch's options (``strict``: re-raise an exporter's failure instead).
         step: The step a failing exporter's record names (the Watch's last sample).
         alert_callback: The user's callable that gets every alert record, or None.
+        echo: Whether the fault log prints its records on stderr (rank 0 speaks for the job).
     """
 
-    def __init__(self, exporters: list[Exporter], faults: FaultLog, options: WatchOptions, step: Callable[[], int],
-                 alert_callback: AlertSink | None):
-        self.exporters, self.faults, self.options = exporters, faults, options
-        self.step, self.alert_callback = step, alert_callback
+    def __init__(self, run: str, exporters: Callable[[], list[Exporter]], options: WatchOptions,
+                 step: Callable[[], int], alert_callback: AlertSink | None, echo: bool):
+        self.exporters, self.options, self.step, self.alert_callback = exporters, options, step, alert_callback
+        self._emitted: list[Alert] = []  # the records dispatched while collecting
+        callback = [self.call_back] if alert_callback is not None else []
+        self.alerts = AlertEngine(run, [self._emitted.append, log_sink, self.write_alert, *callback])
+        self.faults = FaultLog(self.alerts, echo=echo)
 
-    def sinks(self) -> list[AlertSink]:
-        """The alert sinks after the Watch's own: the log, the exporters, then ``alert_callback``."""
-        return [log_sink, self.write_alert, *([self.call_back] if self.alert_callback is not None else [])]
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[list[Alert]]:
+        """The records dispatched inside the block (a sample's), in order; the list is emptied on the way out."""
+        self._emitted.clear()
+        try:
+            yield self._emitted
+        finally:
+            self._emitted.clear()
 
     def each(self, hook: str, *args: Any) -> list[Any]:
         """Call ``hook`` (an [`Exporter`][isiwatch.Exporter] method) on every exporter, in order, and
         return what the calls that worked returned. One that raises is reported (`faults`) and skipped; the
         next call tries it again, and its next ``write_sample`` that works closes the fault."""
-        names = [type(exporter).__name__ for exporter in self.exporters]
+        exporters = list(self.exporters())
+        names = [type(exporter).__name__ for exporter in exporters]
         results = []
-        if self.exporters:
+        if exporters:
             reserve_std_fds()  # stderr may have been closed since the last call; an exporter may open a file now
-        for i, exporter in enumerate(list(self.exporters)):
+        for i, exporter in enumerate(exporters):
             source = f"exporter {names[i]}" if names.count(names[i]) == 1 else f"exporter {names[i]}[{i}]"
             in_use = f"{source} (log_dir in use)"  # its own episode: said even while the exporter already fails
             with self.faults.guard(source, self.step(), strict=self.options.strict, recover=hook == "write_sample",

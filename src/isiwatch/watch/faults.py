@@ -75,6 +75,9 @@ def import_cleanly(*names: str) -> None:
         raise
 
 
+#: The fault source of the probe pass and everything computed from it.
+PROBE_PASS = "probe pass"
+
 #: Times in a row a failing source must work before its episode closes.
 CLEAR_AFTER = 2
 
@@ -117,6 +120,8 @@ class FaultLog:
         self.counts: dict[str, int] = {}
         #: Times each failing source has worked since its last failure.
         self.successes: dict[str, int] = {}
+        #: Samples in a row that failed (on any rank) since the last one that worked.
+        self.failed_samples = 0
 
     def failed(self, source: str, step: int, exc: BaseException | str) -> None:
         """Record a failure of ``source`` at training step ``step``; report it if it opens an episode.
@@ -162,6 +167,24 @@ class FaultLog:
         self.report(Alert(f"{KIND}_cleared", step, time.time(), self.alerts.run, "info",
                           f"{source} works again after {count} failure{'s' * (count != 1)} since step {opened.step}",
                           {"source": source, "failures": count}))
+
+    def sample_failed(self, step: int, failure: BaseException | str, limit: int) -> bool:
+        """Record a sample at ``step`` that failed, here (``failure``, the exception) or on another rank (a reason),
+        as a failure of the probe pass; the ``limit``-th in a row is also reported as the Watch disabling itself
+        (a critical record). Returns whether it does."""
+        self.failed(PROBE_PASS, step, failure)
+        self.failed_samples += 1
+        if self.failed_samples < limit:
+            return False
+        self.report(Alert(KIND, step, time.time(), self.alerts.run, "critical",
+                          f"isiwatch disabled itself after {self.failed_samples} failed samples in a row; training "
+                          f"continues unmonitored", {"source": "watch", "disabled": True}))
+        return True
+
+    def sample_worked(self, step: int) -> None:
+        """Record a sample at ``step`` that worked on every rank: the probe pass works, and no sample failed since."""
+        self.failed_samples = 0
+        self.recovered(PROBE_PASS, step)
 
     def report(self, record: Alert) -> None:
         """Print ``record`` on stderr when no logging is set up (and ``echo``), then dispatch it to the Watch's

@@ -312,7 +312,8 @@ class Freezer:
         self._frozen_params += plan.parameters
         self.frozen = plan.blocks
 
-    def update(self, agree: Callable[[int], int], guard: contextlib.AbstractContextManager[object]) -> FreezePlan | None:
+    def update(self, agree: Callable[[int], int], guard: contextlib.AbstractContextManager[object]
+               ) -> FreezePlan | None:
         """One sample of the policy: the settled prefix, agreed over ranks (``agree``: the smallest value any
         rank gives, identity without torch.distributed), planned and applied. Every rank makes the same calls to
         ``agree`` in the same order whatever fails where; ``guard`` (the Watch's

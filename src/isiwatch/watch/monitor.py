@@ -1,14 +1,6 @@
-"""``Watch``: the training-time monitor.
-
-Every ``every_n_steps`` optimizer steps it runs one probe pass on a fixed probe batch, records the
-per-layer curves, detects the phases and plateau onset, recommends a depth (`isiwatch.measure.depth`), raises
-alerts, updates early stopping and exports to TensorBoard, Prometheus, JSONL and the exporters it is given; closing
-it samples the last step once more if that step was not sampled. Between sampling steps ``step()`` is a modulo and a
-return.
-
-The Watch orchestrates parts that return data: `probe_pass`, `sampling_clock`, `policies`, `fanout` (exporters and
-``alert_callback``), `saved_state` and the fault guard of `faults`; only the Watch dispatches alert records and
-agrees with the other ranks (`ranks`).
+"""``Watch``: the training-time monitor, an orchestrator over parts that return data (`probe_pass`, `sampling_clock`,
+`policies`, `fanout` to the exporters and ``alert_callback``, `saved_state`, the guard of `faults`). Only the Watch
+dispatches alert records and agrees with the other ranks (`ranks`). Between samples ``step()`` is a modulo and a return.
 """
 
 from __future__ import annotations
@@ -25,21 +17,20 @@ from torch import Tensor, nn
 from torch.profiler import record_function
 
 from ..taps import unwrap_model, vit_parts
-from .alerts import Alert, AlertEngine, AlertRules, AlertSink
+from .alerts import Alert, AlertRules, AlertSink
 from .checks import check_arguments
 from .config import build_options
 from .exporters import Exporter, PrometheusExporter, SampleContext
 from .fanout import Fanout, build_exporters
-from .faults import KIND as FAULT_KIND
-from .faults import FaultLog, to_stderr
+from .faults import PROBE_PASS, to_stderr
 from .freezing import KIND as FREEZE_KIND
 from .freezing import Freezer, policy_of
-from .policies import new_policies, stop_reason
+from .policies import Policies, freeze, new_policies, stop_reason
 from .probe_pass import ProbePass, own_numerics
 from .ranks import any_rank, max_over_ranks, min_over_ranks, rank
 from .sample import Sample
 from .sampling_clock import INTERVAL_KIND, SamplingClock
-from .saved_state import STATE_VERSION, read_state, saved_alerts
+from .saved_state import SavedState, read_state, resume_alerts
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -72,13 +63,13 @@ class Watch:
       built-in ones (kept in `exporters`);
     - faults: ``max_consecutive_failures`` (failed samples in a row after which the Watch disables itself),
       ``strict`` (re-raise instead, for tests and debugging);
-    - cost: ``probe_every`` (the linear probes on every k-th sample only; the others
-      carry no probe series), ``overhead_budget`` (opt-in, e.g. 0.005: the Watch stretches its sampling interval,
-      in multiples of ``every_n_steps``, to keep its overhead ratio under this fraction of training time, and
-      shortens it again, never below ``every_n_steps``, when there is room; it at most doubles per sample and
-      never passes 16 × ``every_n_steps`` (`MAX_STRETCH`), so one stalled probe pass cannot stop the sampling;
-      durations come from a monotonic clock, and a reading that is not positive, finite and under a week is
-      discarded; each change is a ``sampling_interval`` record (one stderr line when it reaches 4 ×
+    - cost: ``probe_every`` (the linear probes on every k-th sample only; the others carry no probe series),
+      ``overhead_budget`` (opt-in, e.g. 0.005: the Watch stretches its sampling interval, in multiples of
+      ``every_n_steps``, to keep its overhead ratio under this fraction of training time, and shortens it again,
+      never below ``every_n_steps``, when there is room; it at most doubles per sample and never passes 16 ×
+      ``every_n_steps`` (`isiwatch.watch.sampling_clock.MAX_STRETCH`), so one stalled probe pass cannot stop the
+      sampling; durations come from a monotonic clock, and a reading that is not positive, finite and under a week
+      is discarded; each change is a ``sampling_interval`` record (one stderr line when it reaches 4 ×
       ``every_n_steps``), and the interval in effect, `interval`, is saved in
       [`state_dict`][isiwatch.Watch.state_dict]);
     - acting (experimental, off by default): ``freeze_settled`` (``True`` or a
@@ -108,24 +99,21 @@ class Watch:
 
     def __init__(self, model: nn.Module, probe_images: Tensor, probe_labels: Tensor | None = None, *,
                  every_n_steps: int | None = None, log_dir: str | Path | None = None,
-                 registry: CollectorRegistry | None = None,
-                 prometheus_port: int | None = None, run_name: str | None = None,
-                 config: str | Path | dict[str, Any] | None = None, alert_callback: AlertSink | None = None,
-                 exporters: Sequence[Exporter] = (), **options: Any):
+                 registry: CollectorRegistry | None = None, prometheus_port: int | None = None,
+                 run_name: str | None = None, config: str | Path | dict[str, Any] | None = None,
+                 alert_callback: AlertSink | None = None, exporters: Sequence[Exporter] = (), **options: Any):
         explicit = {"every_n_steps": every_n_steps, "prometheus_port": prometheus_port, "run_name": run_name,
                     "log_dir": None if log_dir is None else str(log_dir)}
         self.options = opts = build_options(config, **{k: v for k, v in explicit.items() if v is not None}, **options)
-        self.model = model
-        self._probe_model = unwrap_model(model)
+        self.model, self._probe_model = model, unwrap_model(model)
         parts = vit_parts(self._probe_model)
         #: Every series a sample of this model can hold: what ``monitor`` may name.
         self.series_names = check_arguments(model, self._probe_model, parts, probe_images, probe_labels, opts,
                                             exporters)
-        policy = policy_of(opts.freeze_settled)
         #: The freeze policy's state and actions (``freeze_settled``), None when it is off.
+        policy = policy_of(opts.freeze_settled)
         self.freezer = Freezer(self._probe_model, parts, policy, probe_images) if policy else None
-        self.probe_images = probe_images
-        self.probe_labels = probe_labels
+        self.probe_images, self.probe_labels = probe_images, probe_labels
         self._probe = ProbePass(self._probe_model, parts, probe_images, probe_labels, opts, self.freezer)
         #: The run's name in every export; without ``run_name`` a random one, replaced by the saved run's name
         #: on ``load_state_dict``, so a resumed run stays one run.
@@ -144,16 +132,16 @@ class Watch:
         self._seen_step: int | None = None  # the last step() call, for the final sample
         self._seen_loss: float | Tensor | None = None
         self._closed = False
-        built, self._prometheus = build_exporters(opts, self.run, registry, exporters) if self.rank == 0 else ([], None)
-        self._emitted: list[Alert] = []  # the records dispatched during the sample in progress
-        self.alerts = AlertEngine(self.run)
-        self.faults = FaultLog(self.alerts, echo=self.rank == 0)  # one rank speaks for the job
-        self._fanout = Fanout(built, self.faults, opts, lambda: self.last_step or 0, alert_callback)
-        self.alerts.sinks = [self._emitted.append, *self._fanout.sinks()]
-        self._fanout.each("open")  # a backend that cannot open (a full or read-only disk) is reported now, retried later
+        #: Where samples and alert records go, in call order: the built-in exporters the options ask for, then
+        #: ``exporters``. Empty on ranks other than 0, and once the Watch is closed.
+        built = build_exporters(opts, self.run, registry, exporters) if self.rank == 0 else ([], None)
+        self.exporters, self._prometheus = built
+        self._fanout = Fanout(self.run, lambda: self.exporters, opts, lambda: self.last_step or 0, alert_callback,
+                              echo=self.rank == 0)
+        self.alerts, self.faults = self._fanout.alerts, self._fanout.faults
+        self._fanout.each("open")  # a backend that cannot open (a full disk) is reported now, and retried later
         #: Set once ``max_consecutive_failures`` samples in a row failed: ``step`` does nothing after that.
         self.disabled = False
-        self._failed_in_a_row = 0
         #: Steps between samples now: ``every_n_steps``, or a multiple of it under ``overhead_budget``.
         self.interval = opts.every_n_steps
         self._clock = SamplingClock(opts.every_n_steps, opts.overhead_budget)
@@ -165,17 +153,6 @@ class Watch:
         none or this is not rank 0."""
         return self._prometheus
 
-    @property
-    def exporters(self) -> list[Exporter]:
-        """Where samples and alert records go, in call order: the built-in exporters the options ask for, then
-        ``exporters``. Empty on ranks other than 0, and once the Watch is closed."""
-        return self._fanout.exporters
-
-    @exporters.setter
-    def exporters(self, exporters: list[Exporter]) -> None:
-        self._fanout.exporters = exporters
-
-    # -- sampling ---------------------------------------------------------------------------------
     def step(self, global_step: int, loss: float | Tensor | None = None) -> list[Alert]:
         """Call after every optimizer step; samples when ``global_step`` is a multiple of ``every_n_steps``.
 
@@ -210,35 +187,29 @@ class Watch:
         return self._sample(global_step, loss, policies=True)
 
     def _sample(self, global_step: int, loss: float | Tensor | None, policies: bool) -> list[Alert]:
-        """One sample; ``policies``: also update onset tracking, alert episodes, early stopping and the interval
-        (all but the final sample)."""
         if self.disabled:
             return []
-        self._clock.begin()
-        self._emitted.clear()
-        try:
-            with record_function("isiwatch.sample"), own_numerics(self._probe_model):
-                self.last_step = global_step
-                probes = self._samples_taken % self.options.probe_every == 0
-                sample = None
-                with self.faults.guard("probe pass", global_step, strict=self.options.strict, report=False,
-                                       recover=False) as measuring:
-                    sample = self._probe.measure(global_step, loss, probes, self.loss_scale)
-                self._clock.charge(sample, self.interval, self._fanout.background_seconds)
-                # every rank takes part in the same collectives in the same order, whatever failed where
-                if any_rank(sample is None) or sample is None:
-                    self._skip(global_step, measuring.failure or "it failed on another rank")
-                else:
-                    self._record_sample(sample, probes, policies)
-            return list(self._emitted)
-        finally:
-            self._emitted.clear()
-            self._clock.end(global_step)
+        with (self._clock.timing(global_step), self._fanout.collecting() as emitted,
+              record_function("isiwatch.sample"), own_numerics(self._probe_model)):
+            self._sample_now(global_step, loss, policies)
+            return list(emitted)
 
-    def _record_sample(self, sample: Sample, probes: bool, policies: bool) -> None:
+    def _sample_now(self, global_step: int, loss: float | Tensor | None, policies: bool) -> None:
+        """One sample; ``policies``: also update onset tracking, alert episodes, early stopping and the interval
+        (all but the final sample)."""
+        self.last_step = global_step
+        probes = self._samples_taken % self.options.probe_every == 0
+        sample = None
+        with self.faults.guard(PROBE_PASS, global_step, strict=self.options.strict, report=False,
+                               recover=False) as measuring:
+            sample = self._probe.measure(global_step, loss, probes, self.loss_scale)
+        self._clock.charge(sample, self.interval, self._fanout.background_seconds)
+        if any_rank(sample is None) or sample is None:  # every rank makes the same collectives, whatever failed where
+            self.disabled = self.faults.sample_failed(global_step, measuring.failure or "it failed on another rank",
+                                                      self.options.max_consecutive_failures)
+            return
         self._samples_taken += 1
-        self._failed_in_a_row = 0
-        self.faults.recovered("probe pass", sample.step)
+        self.faults.sample_worked(global_step)
         self.history.append(sample)
         if policies:
             self._update_policies(sample, probes)
@@ -256,15 +227,10 @@ class Watch:
             self.should_stop = True
             self.stop_reason = reason or "another rank requested the stop"
             self._record("early_stop", step, "warning", f"stopping training: {self.stop_reason}")
-        if self.freezer is not None:
-            before, freezing = self.freezer.frozen, self.faults.guard("freeze policy", step,
-                                                                      strict=self.options.strict, recover=False)
-            plan = self.freezer.update(min_over_ranks, freezing)  # the smallest prefix any rank asks for
-            if freezing.failure is None:
-                self.faults.recovered("freeze policy", step)
-            if plan is not None:
-                self._record(FREEZE_KIND, step, "info", self.freezer.message(plan, before),
-                             self.freezer.record_data(plan, before))
+        if self.freezer is not None:  # the smallest prefix any rank asks for
+            guard = self.faults.guard("freeze policy", step, strict=self.options.strict, recover=False)
+            if (froze := freeze(self.freezer, min_over_ranks, guard)) is not None:
+                self._record(FREEZE_KIND, step, "info", *froze)
         if self.options.overhead_budget is not None:  # the longest interval any rank asks for
             change = self._clock.fit(self.interval, sample.overhead_ratio, lambda n: int(max_over_ranks(n)))
             if change is not None:
@@ -277,58 +243,37 @@ class Watch:
         """Dispatch an action record (``early_stop``, ``blocks_frozen``, ``sampling_interval``) to every sink."""
         self.alerts.dispatch(Alert(kind, step, time.time(), self.run, severity, message, data or {}))
 
-    def _skip(self, global_step: int, failure: Exception | str) -> None:
-        """A sample that failed (here or on another rank): report it, and disable the Watch after
-        ``max_consecutive_failures`` in a row."""
-        self.faults.failed("probe pass", global_step, failure)
-        self._failed_in_a_row += 1
-        if self._failed_in_a_row >= self.options.max_consecutive_failures:
-            self.disabled = True
-            self.faults.report(Alert(FAULT_KIND, global_step, time.time(), self.run, "critical",
-                                     f"isiwatch disabled itself after {self._failed_in_a_row} failed samples in a "
-                                     f"row; training continues unmonitored", {"source": "watch", "disabled": True}))
-
     def _context(self) -> SampleContext:
         return SampleContext(self.run, tuple(self.history), self.tracker.onset_step, frozenset(self.alerts.active),
                              dict(self.alerts.opened), self.should_stop)
 
-    # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume alerts, onset tracking and early stopping (not the history)."""
-        return {"version": STATE_VERSION, "run": self.run, "step": self._position(), "last_step": self.last_step,
-                "should_stop": self.should_stop, "stop_reason": self.stop_reason, "tracker": self.tracker.state_dict(),
-                "alerts": saved_alerts(self.alerts), "stoppers": [s.state_dict() for s in self.stoppers],
-                "plateau_stopper": self.plateau_stopper.state_dict() if self.plateau_stopper else None,
-                "isi_stall": [list(p) for p in self.rules.stall], "interval": self.interval,
-                "freezer": self.freezer.state_dict() if self.freezer else None}
-
-    def _position(self) -> int | None:
-        """The step the run has reached: the last one passed to ``step`` or sampled (None before either). A run
-        resumed from this state continues after it, so what a crashed run logged for later steps is dropped."""
-        return max((s for s in (self._seen_step, self.last_step) if s is not None), default=None)
+        reached = max((s for s in (self._seen_step, self.last_step) if s is not None), default=None)
+        policies = Policies(self.tracker, self.stoppers, self.plateau_stopper)
+        return SavedState(self.run, reached, self.last_step, self.should_stop, self.stop_reason, policies, self.alerts,
+                          list(self.rules.stall), self.interval, self.freezer.state_dict() if self.freezer else None
+                          ).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore [`state_dict`][isiwatch.Watch.state_dict]'s output, all or nothing: the whole state is validated (and
         loaded into fresh policies) before anything is assigned, so a bad state raises ``ValueError`` naming the field
         and leaves the Watch as it was."""
         saved = read_state(state, self.options, self.run)
-        # everything is valid: assign (the freezer checks its state before it freezes anything)
-        if self.freezer is not None and saved.freezer is not None:  # absent before freeze_settled existed
+        if self.freezer is not None and saved.freezer is not None:  # it checks its state before freezing anything
             self.freezer.load_state_dict(saved.freezer, "Watch state['freezer']")
-        if saved.run != self.run:
-            self.run = self.alerts.run = saved.run
-            self._fanout.each("rename", saved.run)
+        if saved.alerts.run != self.run:
+            self.run = self.alerts.run = saved.alerts.run
+            self._fanout.each("rename", self.run)
         self.last_step, self.should_stop, self.stop_reason = saved.last_step, saved.should_stop, saved.stop_reason
         self.tracker, self.stoppers, self.plateau_stopper = saved.policies
-        self.alerts.active = saved.alerts.active | (self.alerts.active & {FAULT_KIND})  # this process's faults stay
-        self.alerts.opened = {**saved.alerts.opened, **{k: v for k, v in self.alerts.opened.items() if k == FAULT_KIND}}
+        resume_alerts(self.alerts, saved.alerts)
         self.interval = saved.interval
         self.rules.stall.clear()
         self.rules.stall.extend(saved.isi_stall)
         if saved.step is not None:  # what a crashed run logged after the checkpoint goes: the resumed run logs it anew
-            self._fanout.each("resume", saved.saved_run, saved.step)
+            self._fanout.each("resume", saved.run, saved.step)
 
-    # -- lifetime ---------------------------------------------------------------------------------
     def close(self, *, final_sample: bool = True) -> None:
         """Take the final sample ([`finish`][isiwatch.Watch.finish]; ``final_sample=False`` skips it, e.g. after a
         crash), warn if the run has no sample at all, then flush and close the exporters (heat-maps are written one last

@@ -1,12 +1,16 @@
-"""The Watch's stopping policies: plateau-onset tracking and early stopping, built from the options, and the
-reason to stop a sample gives them (the Watch agrees it over ranks and records the stop)."""
+"""The Watch's policies: plateau-onset tracking and early stopping, built from the options; the reason to stop a
+sample gives them; and a sample of the freeze policy. They return data: the Watch agrees it over ranks and records
+the stop or the freeze."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from ..measure.phases import PlateauTracker
 from .config import WatchOptions
+from .faults import FaultGuard
+from .freezing import Freezer
 from .sample import Sample
 from .stopping import EarlyStopping, PlateauStopping
 
@@ -37,3 +41,14 @@ def stop_reason(sample: Sample, probes: bool, stoppers: list[EarlyStopping],
     if plateau_stopper is not None and probes:
         reasons.append(plateau_stopper.update(sample.phases, sample.last_layer_accuracy()))
     return next((r for r in reasons if r), None)
+
+
+def freeze(freezer: Freezer, agree: Callable[[int], int], guard: FaultGuard) -> tuple[str, dict[str, Any]] | None:
+    """One sample of the freeze policy ([`Freezer.update`][isiwatch.watch.freezing.Freezer.update], its prefix
+    agreed by ``agree``), each step under ``guard``, which counts the policy as working once no step failed. Returns
+    the message and data of the ``blocks_frozen`` record when it froze blocks, else None."""
+    before = freezer.frozen
+    plan = freezer.update(agree, guard)
+    if guard.failure is None:
+        guard.faults.recovered(guard.source, guard.step)
+    return None if plan is None else (freezer.message(plan, before), freezer.record_data(plan, before))

@@ -9,10 +9,11 @@ turns it into the ``sampling_interval`` record.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,9 +90,8 @@ class IntervalChange:
 class SamplingClock:
     """Charges each sample's cost and fits the sampling interval to the budget (see the module docstring).
 
-    The Watch calls [`begin`][isiwatch.watch.sampling_clock.SamplingClock.begin] when a sample starts,
-    [`charge`][isiwatch.watch.sampling_clock.SamplingClock.charge] once it is measured,
-    [`end`][isiwatch.watch.sampling_clock.SamplingClock.end] when its work is done and, under a budget,
+    The Watch runs each sample inside [`timing`][isiwatch.watch.sampling_clock.SamplingClock.timing], calls
+    [`charge`][isiwatch.watch.sampling_clock.SamplingClock.charge] once it is measured and, under a budget,
     [`fit`][isiwatch.watch.sampling_clock.SamplingClock.fit] with its overhead ratio.
 
     Args:
@@ -107,9 +107,18 @@ class SamplingClock:
         self._after_measure_s = 0.0  # the previous sample's work after its measurement, charged to the next
         self._measured_at: float | None = None
 
-    def begin(self) -> None:
-        """A sample starts now."""
+    @contextlib.contextmanager
+    def timing(self, step: int) -> Iterator[None]:
+        """The sample at training ``step`` runs inside the block: its work starts on entry and ends on exit, and what
+        it did after measuring (`charge`) is charged to the next sample."""
         self._begin = _clock()
+        try:
+            yield
+        finally:
+            self._last_end, self._last_end_step = _clock(), step
+            if self._measured_at is not None:
+                self._after_measure_s += self._last_end - self._measured_at
+                self._measured_at = None
 
     def charge(self, sample: Sample | None, interval: int, background_seconds: Callable[[], float]) -> None:
         """Set ``sample``'s overhead, measured now: its measurement plus the previous sample's work after measuring
@@ -131,13 +140,6 @@ class SamplingClock:
         sample.overhead_s = cost
         if trained is not None:
             sample.overhead_ratio = cost / self._interval_seconds(sample.step, trained, interval)
-
-    def end(self, step: int) -> None:
-        """The work of the sample at ``step`` ended now: what it did after measuring is charged to the next."""
-        self._last_end, self._last_end_step = _clock(), step
-        if self._measured_at is not None:
-            self._after_measure_s += self._last_end - self._measured_at
-            self._measured_at = None
 
     def _interval_seconds(self, step: int, trained: float, interval: int) -> float:
         """The training seconds a sample at ``step`` is charged against: ``trained``, the training time since the

@@ -1,5 +1,5 @@
-"""Reading back a Watch's saved state ([`Watch.state_dict`][isiwatch.Watch.state_dict]): validated whole, and
-loaded into fresh policies, before the Watch assigns anything, so a bad state leaves it as it was.
+"""The Watch's saved state ([`Watch.state_dict`][isiwatch.Watch.state_dict]) and reading it back: validated whole,
+and loaded into fresh policies, before the Watch assigns anything, so a bad state leaves it as it was.
 
 States saved by older versions lack ``run``, ``step``, ``interval`` and ``freezer``: each falls back to what the
 Watch would have had. The interval is rescaled to this run's ``every_n_steps`` and ``overhead_budget``.
@@ -18,11 +18,11 @@ from .faults import KIND as FAULT_KIND
 from .policies import Policies, new_policies
 from .sampling_clock import resumed_interval
 
-#: The version of the state's format that `state_dict` writes and `read_state` reads.
+#: The version of the state's format that `SavedState.to_dict` writes and `read_state` reads.
 STATE_VERSION = 1
 
 
-def saved_alerts(alerts: AlertEngine) -> dict[str, Any]:
+def _saved_alerts(alerts: AlertEngine) -> dict[str, Any]:
     """The alert episodes to save, less ``monitor_error``: a fault belongs to this process, not the run."""
     state = alerts.state_dict()
     state["active"] = [k for k in state["active"] if k != FAULT_KIND]
@@ -36,18 +36,22 @@ def _stall_entry(entry: object) -> bool:
 
 @dataclass
 class SavedState:
-    """A saved state, checked, with its policies and alert episodes loaded into fresh objects.
+    """What a Watch saves to resume a run, and [`read_state`][isiwatch.watch.saved_state.read_state] reads back.
 
     Args:
-        saved_run: The run's name in the state (the one its exporters wrote under).
-        run: The name the resumed Watch takes: its own ``run_name`` when it has one, else ``saved_run``.
-        step: The step the saved run had reached (None before any), where the resumed run continues.
-        interval: The sampling interval to resume with, fitted to this Watch's options.
+        run: The run's name (the one its exporters write under).
+        step: The step the run had reached (None before any): a resumed run continues after it, so what a
+            crashed run logged for later steps is dropped.
+        last_step: The last step sampled.
+        should_stop: Whether the Watch asked training to stop, and why (``stop_reason``).
+        policies: Onset tracking and early stopping.
+        alerts: The open alert episodes; ``alerts.run`` is the name the resumed Watch takes (its own ``run_name``
+            when it has one).
         isi_stall: The ``isi_stall`` rule's window, (mean ISI, loss) pairs.
-        freezer: The freeze policy's state, for the Watch's freezer to check and load; None when absent.
+        interval: The sampling interval (on reading, fitted to the resumed Watch's options).
+        freezer: The freeze policy's state (its own ``state_dict``), None when it is off.
     """
 
-    saved_run: str
     run: str
     step: int | None
     last_step: int | None
@@ -55,14 +59,23 @@ class SavedState:
     stop_reason: str | None
     policies: Policies
     alerts: AlertEngine
-    interval: int
     isi_stall: list[tuple[float, float]]
+    interval: int
     freezer: Mapping[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state as the Watch's ``state_dict`` returns it (plain data; ``monitor_error`` left out)."""
+        tracker, stoppers, plateau_stopper = self.policies
+        return {"version": STATE_VERSION, "run": self.run, "step": self.step, "last_step": self.last_step,
+                "should_stop": self.should_stop, "stop_reason": self.stop_reason, "tracker": tracker.state_dict(),
+                "alerts": _saved_alerts(self.alerts), "stoppers": [s.state_dict() for s in stoppers],
+                "plateau_stopper": plateau_stopper.state_dict() if plateau_stopper else None,
+                "isi_stall": [list(p) for p in self.isi_stall], "interval": self.interval, "freezer": self.freezer}
 
 
 def read_state(state: Mapping[str, Any], opts: WatchOptions, run: str) -> SavedState:
-    """``state`` checked against the Watch's options ``opts``; ``run`` is the Watch's current name, kept when
-    the state has none. Raises ``ValueError`` naming the first bad field."""
+    """``state`` checked against the Watch's options ``opts`` and loaded into fresh policies; ``run`` is the Watch's
+    current name, kept when the state has none. Raises ``ValueError`` naming the first bad field."""
     version = checked(state, "Watch state", version=PRESENT)["version"]
     if version != STATE_VERSION:
         raise ValueError(f"unsupported Watch state version {version!r}")
@@ -92,6 +105,13 @@ def read_state(state: Mapping[str, Any], opts: WatchOptions, run: str) -> SavedS
         stopper.load_state_dict(sub, f"Watch state['stoppers'][{i}]")
     if policies.plateau_stopper is not None and s["plateau_stopper"] is not None:
         policies.plateau_stopper.load_state_dict(s["plateau_stopper"], "Watch state['plateau_stopper']")
-    return SavedState(saved, alerts.run, step, s["last_step"], s["should_stop"], s["stop_reason"], policies, alerts,
-                      resumed_interval(interval, opts.every_n_steps, opts.overhead_budget),
-                      [(float(i), float(loss)) for i, loss in s["isi_stall"]], state.get("freezer"))
+    return SavedState(saved, step, s["last_step"], s["should_stop"], s["stop_reason"], policies, alerts,
+                      [(float(i), float(loss)) for i, loss in s["isi_stall"]],
+                      resumed_interval(interval, opts.every_n_steps, opts.overhead_budget), state.get("freezer"))
+
+
+def resume_alerts(alerts: AlertEngine, saved: AlertEngine) -> None:
+    """Take ``saved``'s open episodes into the Watch's engine ``alerts``, which keeps its own ``monitor_error``: a
+    fault belongs to this process, not the run."""
+    alerts.active = saved.active | (alerts.active & {FAULT_KIND})
+    alerts.opened = {**saved.opened, **{k: v for k, v in alerts.opened.items() if k == FAULT_KIND}}
