@@ -1,5 +1,6 @@
 """The fan-out: where a Watch's samples and alert records go, the exporters in order and the user's
-``alert_callback``; each one that raises is contained by the fault log (`isiwatch.watch.faults`) and skipped."""
+``alert_callback``; each call runs under the fault log's guard (`isiwatch.watch.faults`), so one that raises is
+reported and skipped."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ class Fanout:
 
     def __init__(self, run: str, exporters: Callable[[], list[Exporter]], options: WatchOptions,
                  step: Callable[[], int], alert_callback: AlertSink | None, echo: bool):
-        self.exporters, self.options, self.step, self.alert_callback = exporters, options, step, alert_callback
+        self._exporters, self.options, self.step, self.alert_callback = exporters, options, step, alert_callback
         self._emitted: list[Alert] = []  # the records dispatched while collecting
         callback = [self.call_back] if alert_callback is not None else []
         self.alerts = AlertEngine(run, [self._emitted.append, log_sink, self.write_alert, *callback])
@@ -73,7 +74,7 @@ class Fanout:
         """Call ``hook`` (an [`Exporter`][isiwatch.Exporter] method) on every exporter, in order, and
         return what the calls that worked returned. One that raises is reported (`faults`) and skipped; the
         next call tries it again, and its next ``write_sample`` that works closes the fault."""
-        exporters = list(self.exporters())
+        exporters = list(self._exporters())
         names = [type(exporter).__name__ for exporter in exporters]
         results = []
         if exporters:

@@ -9,6 +9,9 @@ source are counted, not repeated. The episode closes, with a ``monitor_error_cle
 worked `CLEAR_AFTER` times in a row (for the probe pass and an exporter: that many samples): a failure in between
 restarts that count inside the same episode, so a fault that comes and goes (a file-descriptor shortage that lets
 every other write through) is one episode, not one per success.
+
+Each such part runs under one [`FaultGuard`][isiwatch.watch.faults.FaultGuard] (`FaultLog.guard`), a context manager
+that contains what the part raises and reports it (or re-raises it under the Watch's ``strict`` option).
 """
 
 from __future__ import annotations
@@ -230,6 +233,12 @@ class FaultGuard:
     def failure(self) -> Exception | None:
         """The first exception contained, or None when every block worked."""
         return self.failures[0] if self.failures else None
+
+    def recovered(self) -> None:
+        """Count the blocks so far as one attempt of ``source`` that worked, unless one of them failed: for a guard
+        made with ``recover=False`` whose blocks belong together (the freeze policy's steps at one sample)."""
+        if not self.failures:
+            self.faults.recovered(self.source, self.step)
 
     def __enter__(self) -> FaultGuard:
         return self

@@ -49,6 +49,5 @@ def freeze(freezer: Freezer, agree: Callable[[int], int], guard: FaultGuard) -> 
     the message and data of the ``blocks_frozen`` record when it froze blocks, else None."""
     before = freezer.frozen
     plan = freezer.update(agree, guard)
-    if guard.failure is None:
-        guard.faults.recovered(guard.source, guard.step)
+    guard.recovered()
     return None if plan is None else (freezer.message(plan, before), freezer.record_data(plan, before))
