@@ -144,7 +144,7 @@ class Watch:
         self.disabled = False
         #: Steps between samples now: ``every_n_steps``, or a multiple of it under ``overhead_budget``.
         self.interval = opts.every_n_steps
-        self._clock = SamplingClock(opts.every_n_steps, opts.overhead_budget)
+        self._clock = SamplingClock(opts.every_n_steps)
         self._samples_taken = 0  # measured samples in this process: probe_every counts them
 
     @property
@@ -231,8 +231,8 @@ class Watch:
             guard = self.faults.guard("freeze policy", step, strict=self.options.strict, recover=False)
             if (froze := freeze(self.freezer, min_over_ranks, guard)) is not None:
                 self._record(FREEZE_KIND, step, "info", *froze)
-        if self.options.overhead_budget is not None:  # the longest interval any rank asks for
-            change = self._clock.fit(self.interval, sample.overhead_ratio, lambda n: int(max_over_ranks(n)))
+        if (budget := self.options.overhead_budget) is not None:  # the longest interval any rank asks for
+            change = self._clock.fit(self.interval, sample.overhead_ratio, budget, lambda n: int(max_over_ranks(n)))
             if change is not None:
                 self.interval = change.interval
                 self._record(INTERVAL_KIND, step, "info", change.message(), change.record_data())

@@ -20,11 +20,11 @@ def rank() -> int:
 
 
 def max_over_ranks(value: float) -> float:
-    """The largest ``value`` over all ranks."""
+    """The largest ``value`` over all ranks (reduced as a float)."""
     if not distributed():
         return value
     device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
-    tensor = torch.tensor([value], device=device)
+    tensor = torch.tensor([float(value)], device=device)
     torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
     return float(tensor.item())
 

@@ -96,11 +96,10 @@ class SamplingClock:
 
     Args:
         every_n_steps: The shortest interval, in training steps; longer ones are multiples of it.
-        budget: ``overhead_budget``, the largest overhead ratio to fit the interval to; None: no fitting.
     """
 
-    def __init__(self, every_n_steps: int, budget: float | None):
-        self.every_n_steps, self.budget = every_n_steps, budget
+    def __init__(self, every_n_steps: int):
+        self.every_n_steps = every_n_steps
         self._begin = 0.0  # _clock() when the sample in progress began
         self._last_end: float | None = None  # _clock() when the previous sample's work ended
         self._last_end_step: int | None = None  # the step of that sample
@@ -149,20 +148,21 @@ class SamplingClock:
         steps = step - (self._last_end_step or 0)
         return trained * interval / steps if 0 < steps < interval else trained
 
-    def fit(self, interval: int, ratio: float | None, agree: Callable[[int], int]) -> IntervalChange | None:
-        """The change of ``interval`` a sample's overhead ``ratio`` asks for under the budget, or None: stretched
-        (or shortened, with hysteresis: only to half or less) so the ratio stays under it, in multiples of
-        ``every_n_steps``, at most `STRETCH_STEP` times longer per sample and never past `MAX_STRETCH` times
-        ``every_n_steps``, so no single measurement (one stalled probe pass) can stop the sampling. A sample without
-        a ratio (the first, or one whose clock readings were discarded) asks for no change. ``agree`` turns what
-        this rank asks for into what the ranks agree on (under torch.distributed, the longest any rank asks for)."""
-        assert self.budget is not None
+    def fit(self, interval: int, ratio: float | None, budget: float, agree: Callable[[int], int]
+            ) -> IntervalChange | None:
+        """The change of ``interval`` a sample's overhead ``ratio`` asks for under ``budget`` (``overhead_budget``),
+        or None: stretched (or shortened, with hysteresis: only to half or less) so the ratio stays under it, in
+        multiples of ``every_n_steps``, at most `STRETCH_STEP` times longer per sample and never past `MAX_STRETCH`
+        times ``every_n_steps``, so no single measurement (one stalled probe pass) can stop the sampling. A sample
+        without a ratio (the first, or one whose clock readings were discarded) asks for no change. ``agree`` turns
+        what this rank asks for into what the ranks agree on (under torch.distributed, the longest any rank asks
+        for)."""
         base, wanted = self.every_n_steps, interval
         if ratio is not None and math.isfinite(ratio):
-            needed = base * math.ceil(interval * ratio / self.budget / base)
+            needed = base * math.ceil(interval * ratio / budget / base)
             if needed > interval:
                 wanted = min(needed, interval * STRETCH_STEP, base * MAX_STRETCH)
             elif needed <= interval // 2:
                 wanted = max(base, needed)
         wanted = agree(wanted)
-        return IntervalChange(wanted, interval, ratio, self.budget, base) if wanted != interval else None
+        return IntervalChange(wanted, interval, ratio, budget, base) if wanted != interval else None
