@@ -176,10 +176,10 @@ def test_the_interval_never_passes_its_maximum_and_says_so_once(capsys, monkeypa
 
 
 def test_an_impossible_clock_reading_is_discarded(monkeypatch):
-    from isiwatch.watch import monitor
+    from isiwatch.watch import sampling_clock
 
     offset = [0.0]
-    monkeypatch.setattr(monitor, "_clock", lambda: time.monotonic() + offset[0])
+    monkeypatch.setattr(sampling_clock, "_clock", lambda: time.monotonic() + offset[0])
     watch = Watch(tiny(), probe(4), every_n_steps=1, overhead_budget=0.5)
     records = watch.step(1)
     for jump in (-1000.0, 10.0**9):  # the clock steps back, then leaps forward (a broken clock source)

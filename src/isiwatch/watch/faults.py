@@ -9,6 +9,9 @@ source are counted, not repeated. The episode closes, with a ``monitor_error_cle
 worked `CLEAR_AFTER` times in a row (for the probe pass and an exporter: that many samples): a failure in between
 restarts that count inside the same episode, so a fault that comes and goes (a file-descriptor shortage that lets
 every other write through) is one episode, not one per success.
+
+Each such part runs under one [`FaultGuard`][isiwatch.watch.faults.FaultGuard] (`FaultLog.guard`), a context manager
+that contains what the part raises and reports it (or re-raises it under the Watch's ``strict`` option).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import importlib
 import logging
 import sys
 import time
+from collections.abc import Mapping
+from types import TracebackType
 
 from .alerts import ALERT_KINDS, Alert, AlertEngine
 
@@ -73,6 +78,9 @@ def import_cleanly(*names: str) -> None:
         raise
 
 
+#: The fault source of the probe pass and everything computed from it.
+PROBE_PASS = "probe pass"
+
 #: Times in a row a failing source must work before its episode closes.
 CLEAR_AFTER = 2
 
@@ -115,6 +123,8 @@ class FaultLog:
         self.counts: dict[str, int] = {}
         #: Times each failing source has worked since its last failure.
         self.successes: dict[str, int] = {}
+        #: Samples in a row that failed (on any rank) since the last one that worked.
+        self.failed_samples = 0
 
     def failed(self, source: str, step: int, exc: BaseException | str) -> None:
         """Record a failure of ``source`` at training step ``step``; report it if it opens an episode.
@@ -161,9 +171,89 @@ class FaultLog:
                           f"{source} works again after {count} failure{'s' * (count != 1)} since step {opened.step}",
                           {"source": source, "failures": count}))
 
+    def sample_failed(self, step: int, failure: BaseException | str, limit: int) -> bool:
+        """Record a sample at ``step`` that failed, here (``failure``, the exception) or on another rank (a reason),
+        as a failure of the probe pass; the ``limit``-th in a row is also reported as the Watch disabling itself
+        (a critical record). Returns whether it does."""
+        self.failed(PROBE_PASS, step, failure)
+        self.failed_samples += 1
+        if self.failed_samples < limit:
+            return False
+        self.report(Alert(KIND, step, time.time(), self.alerts.run, "critical",
+                          f"isiwatch disabled itself after {self.failed_samples} failed samples in a row; training "
+                          f"continues unmonitored", {"source": "watch", "disabled": True}))
+        return True
+
+    def sample_worked(self, step: int) -> None:
+        """Record a sample at ``step`` that worked on every rank: the probe pass works, and no sample failed since."""
+        self.failed_samples = 0
+        self.recovered(PROBE_PASS, step)
+
     def report(self, record: Alert) -> None:
         """Print ``record`` on stderr when no logging is set up (and ``echo``), then dispatch it to the Watch's
         sinks (printed first: a sink may report a failure of its own, whose line then follows this one)."""
         if self.echo:
             to_stderr(f"isiwatch: [{record.kind}] step {record.step}: {record.message}")
         self.alerts.dispatch(record)
+
+    def guard(self, source: str, step: int, *, strict: bool = False, report: bool = True, recover: bool = True,
+              sources_by_type: Mapping[type[Exception], str] | None = None) -> FaultGuard:
+        """A [`FaultGuard`][isiwatch.watch.faults.FaultGuard] for ``source`` at ``step`` that reports here (its
+        arguments are the guard's)."""
+        return FaultGuard(self, source, step, strict=strict, report=report, recover=recover,
+                          sources_by_type=sources_by_type)
+
+
+class FaultGuard:
+    """Contains what a ``with guard:`` block raises, so that a failing part of the Watch never reaches training: the
+    exception is kept in `failures` and reported as a failure of ``source`` (`FaultLog.failed`); a block that
+    works counts towards closing ``source``'s episode (`FaultLog.recovered`). One guard may wrap several blocks.
+
+    Args:
+        faults: The fault log that reports.
+        source: What the blocks are (``"alert rules"``, ``"exporter JsonlExporter"``).
+        step: The training step the records name.
+        strict: Re-raise instead of containing (the Watch's ``strict`` option, for tests and debugging).
+        report: Report a failure now; False only keeps it, for a caller that reports it later (the probe pass,
+            once the ranks have agreed whether any of them failed).
+        recover: Count a block that works towards closing the episode; False for a caller that decides itself.
+        sources_by_type: Exception types that are an episode of their own, reported under the source given here
+            instead of ``source``; a block that works closes those episodes too.
+    """
+
+    def __init__(self, faults: FaultLog, source: str, step: int, *, strict: bool = False, report: bool = True,
+                 recover: bool = True, sources_by_type: Mapping[type[Exception], str] | None = None):
+        self.faults, self.source, self.step = faults, source, step
+        self.strict, self.report, self.recover = strict, report, recover
+        self.sources_by_type = dict(sources_by_type or {})
+        #: What the blocks raised and the guard contained, in order.
+        self.failures: list[Exception] = []
+
+    @property
+    def failure(self) -> Exception | None:
+        """The first exception contained, or None when every block worked."""
+        return self.failures[0] if self.failures else None
+
+    def recovered(self) -> None:
+        """Count the blocks so far as one attempt of ``source`` that worked, unless one of them failed: for a guard
+        made with ``recover=False`` whose blocks belong together (the freeze policy's steps at one sample)."""
+        if not self.failures:
+            self.faults.recovered(self.source, self.step)
+
+    def __enter__(self) -> FaultGuard:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> bool:
+        if exc is None:
+            if self.recover:
+                for source in (self.source, *self.sources_by_type.values()):
+                    self.faults.recovered(source, self.step)
+            return False
+        if not isinstance(exc, Exception) or self.strict:
+            return False
+        self.failures.append(exc)
+        if self.report:
+            source = next((s for t, s in self.sources_by_type.items() if isinstance(exc, t)), self.source)
+            self.faults.failed(source, self.step, exc)
+        return True

@@ -38,6 +38,7 @@ from .._utils.state import checked, is_count
 from ..measure.flops import count_flops
 from ..taps import ViTParts, preserved_state
 from ..taps.parts import first_output
+from .ranks import distributed
 
 #: The alert kind of a freeze record (one record per freeze, like ``early_stop``: no episode to clear).
 KIND = "blocks_frozen"
@@ -183,7 +184,7 @@ def wrapper_problem(model: nn.Module, inner: nn.Module) -> str | None:
             isinstance(m, FullyShardedDataParallel) for m in model.modules()):
         return "freeze_settled does not support sharded models (FSDP): turn it off or train with DDP"
     wrappers: list[object] = [model]
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if distributed():
         wrappers += gc.get_objects()  # the framework's DDP wrapper around inner, which the Watch may not have
     for wrapper in wrappers:
         if isinstance(wrapper, FullyShardedDataParallel) and any(m is inner for m in wrapper.modules()):
@@ -311,24 +312,22 @@ class Freezer:
         self._frozen_params += plan.parameters
         self.frozen = plan.blocks
 
-    def update(self, agree: Callable[[int], int], failed: Callable[[Exception], None]) -> FreezePlan | None:
+    def update(self, agree: Callable[[int], int], guard: contextlib.AbstractContextManager[object]
+               ) -> FreezePlan | None:
         """One sample of the policy: the settled prefix, agreed over ranks (``agree``: the smallest value any
         rank gives, identity without torch.distributed), planned and applied. Every rank makes the same calls to
-        ``agree`` in the same order whatever fails where; a failure goes to ``failed`` and freezes nothing on any
-        rank. Returns the plan applied, if any."""
-        try:
+        ``agree`` in the same order whatever fails where; ``guard`` (the Watch's
+        [`FaultGuard`][isiwatch.watch.faults.FaultGuard]) contains a failure, which freezes nothing on any rank.
+        Returns the plan applied, if any."""
+        wanted = self.frozen
+        with guard:
             wanted = self.frozen if self.refused else self.settled()
-        except Exception as exc:
-            failed(exc)
-            wanted = self.frozen
         blocks = agree(wanted)
         if blocks <= self.frozen:
             return None
         plan: FreezePlan | None = None
-        try:
+        with guard:
             plan = self.plan(blocks)
-        except Exception as exc:
-            failed(exc)
         if not agree(int(plan is not None)) or plan is None:
             return None
         self.apply(plan)

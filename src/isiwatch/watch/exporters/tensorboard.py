@@ -19,13 +19,14 @@ the next sample's overhead.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -156,12 +157,19 @@ class TensorBoardExporter(Exporter):
         self.writer.add_custom_scalars({"isiwatch": charts})
         self._layout_written = True
 
-    def write_sample(self, sample: Sample, context: SampleContext) -> None:
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write to the event file: one that fails drops the writer (`_drop_writer`) before the failure is
+        raised, so the next write opens a new one."""
         try:
-            self._write_sample(sample, context)
+            yield
         except Exception:
             self._drop_writer()
             raise
+
+    def write_sample(self, sample: Sample, context: SampleContext) -> None:
+        with self._writing():
+            self._write_sample(sample, context)
         self._raise_failed_render()  # after the sample is written: the writer is sound
 
     def _write_sample(self, sample: Sample, context: SampleContext) -> None:
@@ -250,21 +258,15 @@ class TensorBoardExporter(Exporter):
         drops the events of this folder from that step on that earlier event files hold (the crashed run's)."""
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
-        try:
+        with self._writing():
             event = Event(step=step + 1, wall_time=time.time(), session_log=SessionLog(status=SessionLog.START))
             self.writer._get_file_writer().add_event(event)  # type: ignore[no-untyped-call]
             self.writer.flush()
-        except Exception:
-            self._drop_writer()
-            raise
 
     def write_alert(self, alert: Alert) -> None:
-        try:
+        with self._writing():
             self.writer.add_text("isiwatch/alerts", alert_text(alert), alert.step, walltime=alert.time)
             self.writer.flush()
-        except Exception:
-            self._drop_writer()
-            raise
 
     def close(self, context: SampleContext) -> None:
         """Write the final heat-maps, then close the event file."""
