@@ -75,11 +75,10 @@ class _Cli(click.Group):
             if (broken := broken_install(exc)) is not None:  # torch, torchvision or timm failed to import: the
                 raise click.ClickException(broken) from None  # imports below would fail again
             from .._utils.option_error import OptionError
-            from ..io.checkpoint import CheckpointError
-            from ..io.data import DataError
-            from ..taps import TapError
 
-            known = (CheckpointError, DataError, TapError, FileNotFoundError, ValueError, OSError)
+            # isiwatch's own errors (CheckpointError, DataError, TapError, PathError, ...) are ValueErrors; naming
+            # them here would import torch on every refusal
+            known = (ValueError, OSError)
             text = exc.worded({}) if isinstance(exc, OptionError) else str(exc)  # options as flags: --num-heads N
             message = text.splitlines()[0] if text else type(exc).__name__
             if isinstance(exc, ModuleNotFoundError) and exc.name:  # an optional package this run needs
@@ -243,10 +242,10 @@ def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int
 
     The --out folder holds one run: the files an earlier demo wrote there are removed first (other files stay), and a
     folder a Watch is writing is refused."""
+    check_paths(folders={"--out": out})  # refused before the imports below, which load torch
     from .._utils.threads import set_torch_threads
     from .demo import run_demo
 
-    check_paths(folders={"--out": out})
     if watch_config is not None:
         from ..watch.config import load_yaml
 
@@ -263,9 +262,11 @@ def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int
               help="Where to write the plots and report.html (default: RUN_DIR/report).")
 def report(run_dir: Path, out: Path | None) -> None:
     """Plots and a self-contained HTML page of a monitored run (a Watch log_dir)."""
+    if not run_dir.is_dir():  # before the report's imports, which load torch
+        raise click.ClickException(f"{run_dir}: no such run directory")
+    existing = check_paths(folders={"--out": out if out is not None else run_dir / "report"})
     from .report import write_report
 
-    existing = check_paths(folders={"--out": out if out is not None else run_dir / "report"})
     for path in write_report(run_dir, out, warn=lambda line: click.echo(f"warning: {line}", err=True)):
         click.echo(wrote(path, existing))
 
@@ -307,10 +308,9 @@ main.add_command(truncate)  # `isiwatch truncate`: isiwatch.cli.truncate
 def specialize(checkpoint: Path, out: Path, arch: str | None, num_heads: int | None, norms: bool, qkv_blocks: str,
                lora_rank: int | None, layer_scale: bool, fmt: str, no_ema: bool) -> None:
     """Give [CLS]/prefix tokens their own norms (and QKV) in a ViT checkpoint; same function at conversion."""
+    existing = check_paths({"": checkpoint}, files={"--out": out})  # before the imports, which load torch
     from ..io.models import specialize_checkpoint
     from ..specialization.convert import parse_qkv_blocks
-
-    existing = check_paths({"": checkpoint}, files={"--out": out})
 
     report = specialize_checkpoint(checkpoint, out, arch=arch, num_heads=num_heads, norms=norms,
                                    qkv_blocks=parse_qkv_blocks(qkv_blocks), lora_rank=lora_rank,
