@@ -558,6 +558,87 @@ freeze_constant = needs("freeze/freeze_constant.json", FREEZE_CONSTANT,
     freeze_section(FREEZE_CONSTANT))
 
 
+PRETRAINED = "A pretrained ViT: DINOv2 ViT-S/14 on the digits (`benchmarks/bench_pretrained.py`)"
+
+
+def _spans_over_run(samples: list[dict]) -> str:
+    """The plateau spans a run's samples found, each with its steps (first–last) and count."""
+    seen: dict[str, list[int]] = {}
+    for sample in samples:
+        name = "none" if sample["plateau"] is None else f"{sample['plateau_name']} {sample['plateau'][0]}–" \
+            f"{sample['plateau'][1]}"
+        seen.setdefault(name, []).append(sample["step"])
+    return "; ".join(f"{name} at {len(steps)} sample{'s' if len(steps) > 1 else ''} "
+                     + (f"(steps {steps[0]}–{steps[-1]})" if len(steps) > 1 else f"(step {steps[0]})")
+                     for name, steps in seen.items())
+
+
+def _watch_run(name: str, run: dict) -> list[str]:
+    """One fine-tune's Watch record: spans, recommendation, alerts opened, and what Prometheus fired."""
+    depths = sorted({s["recommended_depth"] for s in run["samples"] if s["recommended_depth"] is not None})
+    opened = [f"`{a['kind']}` {a['step']}" for a in run["alerts"] if not a["kind"].endswith("_cleared")]
+    lines = [f"- **{name}**: {len(run['samples'])} samples; flat stretch of token similarity: "
+             f"{_spans_over_run(run['samples'])}; recommended depth "
+             f"{', '.join(map(str, depths))} of 12; alerts opened (kind, step): {', '.join(opened) or 'none'}."]
+    for alert, seen in (run.get("prometheus") or {}).get("alerts", {}).items():
+        when = ", ".join(f"{state} {seen[f'{state}_after_s']:.0f} s" for state in ("pending", "firing")
+                         if f"{state}_after_s" in seen)
+        lines.append(f"  Prometheus (`isiwatch deploy`'s configuration and rules, unmodified): `{alert}` {when} "
+                     "after the fine-tune started.")
+    return lines
+
+
+@needs("pretrained/pretrained.json", PRETRAINED, "python benchmarks/bench_pretrained.py")
+def pretrained(data: dict) -> list[str]:
+    """The real backbone: conversion, phases and recommendation before and after a fine-tune, the Watch on it."""
+    lines = [f"## {PRETRAINED}", "", "Each stage records its command and machine. Digits at "
+             f"{data['pretrained']['img_size']} px (grey repeated to 3 channels, ImageNet mean/std, timm's evaluation "
+             "transform).", ""]
+    if backbone := data.get("backbone"):
+        lines += [f"Backbone (`{backbone['command']}`): `{backbone['member']}` of `{backbone['wheel']}` as timm's "
+                  f"`{backbone['arch']}`: " + "; ".join(backbone["log"]) + f" ({backbone['seconds']:.0f} s).", ""]
+    analyses = [(name, data[key]) for name, key in (("pretrained (fresh head)", "pretrained"),
+                                                    ("fine-tuned", "finetuned")) if key in data]
+    if analyses:
+        lines += ["| model | images | phases (token similarity) | recommended depth | [CLS] probe: block 0 → last "
+                  "(first block within 1 point of the last) |", "|---|---|---|---|---|"]
+        for name, record in analyses:
+            ph, probe = record["phases"], record["curves"]["probe_cls"]
+            phases = (f"cliff {ph['cliff'][0]}–{ph['cliff'][1]}, plateau {ph['plateau'][0]}–{ph['plateau'][1]}, "
+                      f"climb {ph['climb'][0]}–{ph['climb'][1]}" if ph.get("cliff") and ph.get("climb")
+                      else "no Cliff → Plateau → Climb")
+            knee = next(i for i, v in enumerate(probe) if v >= probe[-1] - 0.01)
+            rec = record["recommendation"]
+            lines.append(f"| {name} | {record['images']} ({record['split']}; probes fit on 70 %, scored on 30 %) | "
+                         f"{phases} | {rec['depth']} of {rec['source_depth']} (`{rec['signal']}`) | "
+                         f"{probe[0]:.3f} → {probe[-1]:.3f} (block {knee}) |")
+        lines += ["", *(f"{name}: `{record['command']}`; machine: {describe(record['machine'])}."
+                        for name, record in analyses), ""]
+    if plain := data.get("plain"):
+        acc = plain["accuracy"]
+        lines += [f"Fine-tune: {plain['steps']} steps of batch {plain['batch']} over the 4,000 training digits, "
+                  f"AdamW, blocks at {plain['lr']:g} and the fresh head at {plain['head_lr']:g}, {plain['warmup']} "
+                  f"warm-up steps then cosine; the Watch every {plain['every_n_steps']} steps on "
+                  f"{plain['probe_images']}. Held-out accuracy after it: validation n={acc['validation_n']} "
+                  f"{acc['validation']:.3f}, test n={acc['test_n']} {acc['test']:.3f}. Command: `{plain['command']}`; "
+                  f"machine: {describe(plain['machine'])}.", ""]
+        lines += _watch_run("plain loop (a sample before the first update, then every "
+                            f"{plain['every_n_steps']} steps)", plain)
+    if lightning := data.get("lightning"):
+        lines += _watch_run(f"Lightning (`ISIWatchCallback`; test n={lightning['accuracy']['test_n']} "
+                            f"{lightning['accuracy']['test']:.3f})", lightning)
+    if cost := data.get("cost"):
+        lines += ["", f"The Watch's cost on this backbone (`{cost['command']}`; machine: {describe(cost['machine'])}):"
+                  f" one sample = **{cost['sample_over_forward']:.2f}×** one plain eval forward of its "
+                  f"{cost['probe_images']} probe images (median of {cost['pairs']} interleaved pairs; goal ≤ 1.1×); "
+                  f"at every 100 steps of batch {cost['batch']} it is **{100 * cost['share_at_every_100_steps']:.2f} "
+                  f"%** of training (sample {cost['sample_seconds']:.2f} s, median step "
+                  f"{cost['train_step_seconds']:.2f} s; goal ≤ 1 %); aten ops {cost['ops_ratio']:.2f}× a forward's "
+                  f"({cost['sample_ops']:,} / {cost['forward_ops']:,} on {cost['ops_images']} images), "
+                  f"{cost['scalar_reads']} host reads."]
+    return lines + [""]
+
+
 SECTIONS: list[Callable[[Path], list[str]]] = [
     depth_sweep,
     rule_scores,
@@ -585,6 +666,7 @@ SECTIONS: list[Callable[[Path], list[str]]] = [
     freeze_constant,
     rendered("Specialize evaluation", "bench_specialize.py", "specialize/specialize.json",
              "python benchmarks/bench_specialize.py --seeds 3 --epochs 4 --depth 4"),
+    pretrained,
 ]
 
 
