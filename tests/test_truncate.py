@@ -5,6 +5,7 @@ import enum
 import hashlib
 import json
 import math
+import os
 import pathlib
 import shutil
 from dataclasses import dataclass
@@ -158,6 +159,11 @@ def test_foreign_corrupt_and_self_overwriting_inputs_are_refused(timm_ckpt, tmp_
     result = run("truncate", path, "--keep", 2, "--strategy", "tail", "--out", path)
     assert result.exit_code == 1 and "--out names the same file as the input checkpoint" in result.output
     assert digest(path) == before and not (tmp_path / "o.pt").exists()
+    link = tmp_path / "link.pt"
+    os.link(path, link)  # another name for the same file: same device and inode
+    result = run("truncate", path, "--keep", 2, "--strategy", "tail", "--out", link)
+    assert result.exit_code == 1 and "--out names the same file as the input checkpoint" in result.output
+    assert digest(path) == before and result.output.strip().count("\n") == 0
 
 
 @pytest.mark.parametrize("names, message", [

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
 from .. import __version__
 from .shared import (
@@ -230,7 +231,8 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
               help="isiwatch.yaml whose Watch options override the demo's defaults.")
 @click.option("--prometheus-port", type=click.IntRange(0, 65535), default=9108, show_default=True,
               help="Port for the Prometheus endpoint on 127.0.0.1 while training: 9108 is the one the "
-                   "prometheus.yml of 'isiwatch deploy DIR' scrapes (0: any free port).")
+                   "prometheus.yml of 'isiwatch deploy DIR' scrapes; when it is taken and this option is not "
+                   "given, the next free port, said at the start (0: any free port).")
 @click.option("--serve", type=FiniteRange(0, MAX_SERVE_SECONDS), default=0, show_default=True, metavar="SECONDS",
               help="Keep the Prometheus endpoint up for SECONDS after the demo finishes (from training on), so a "
                    "scraping Prometheus can fire alerts with a for: delay; Ctrl-C ends it (0: close after training).")
@@ -252,8 +254,9 @@ def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int
         load_yaml(watch_config)  # refused before any work
 
     click.echo(f"torch threads: {set_torch_threads()} (the idle cores now; OMP_NUM_THREADS overrides)")
+    named = click.get_current_context().get_parameter_source("prometheus_port") != ParameterSource.DEFAULT
     run_demo(out, quick=quick, device=resolve_device(device), config=watch_config, prometheus_port=prometheus_port,
-             serve=serve, echo=click.echo, progress=progress_shown(progress))
+             serve=serve, echo=click.echo, progress=progress_shown(progress), take_next_port=not named)
 
 
 @main.command()

@@ -96,6 +96,16 @@ def _port_free(port: int) -> bool:
     return True
 
 
+#: Ports after a taken default that the demo tries before it takes any free one, as Jupyter and TensorBoard do.
+PORT_TRIES = 20
+
+
+def next_free_port(port: int) -> int:
+    """The first of ``port``, ``port + 1``, ... (`PORT_TRIES` of them) that 127.0.0.1 can listen on; 0 (any free
+    port, which the exporter picks) when none is."""
+    return next((p for p in range(port, min(port + PORT_TRIES, 65536)) if _port_free(p)), 0)
+
+
 class PhaseClock:
     """Wall seconds per phase of the demo (``benchmarks/bench_demo.py`` records them): where its time goes."""
 
@@ -156,20 +166,27 @@ QUICK = DemoSettings(depth=6, epochs=10, lr=3e-3, every_n_steps=16, max_drop=5.0
 
 def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", config: str | Path | None = None,
              prometheus_port: int | None = PROMETHEUS_PORT, serve: float = 0, seed: int = 0,
-             echo: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:
+             echo: Callable[[str], None] = print, progress: bool = True,
+             take_next_port: bool = True) -> dict[str, Any]:
     """Train with Watch, analyse, truncate, report; returns a summary dict (``phase_seconds``: wall seconds of data,
     the Watch, training alone, evaluation, analysis, truncate and report; `PhaseClock`). ``config``: Watch
     options (isiwatch.yaml) that override the demo's defaults. ``serve``: seconds to keep the Prometheus endpoint up
     after the demo has finished (it then stays up from training on), so a scraping Prometheus sees open alert
     episodes long enough for rules with a ``for:`` delay to fire; 0 closes it when training ends. ``progress``:
-    draw progress bars while training and healing."""
+    draw progress bars while training and healing. ``take_next_port``: when ``prometheus_port`` is taken, serve on
+    the next free port and say so (`next_free_port`); False refuses it (a port the user named)."""
     if serve < 0 or serve != serve:
         raise ValueError(f"serve must be a number of seconds >= 0, got {serve}")
     if serve and prometheus_port is None:
         raise ValueError("serve needs the Prometheus endpoint (a prometheus_port)")
     if prometheus_port and not _port_free(prometheus_port):
-        raise ValueError(f"port {prometheus_port} on 127.0.0.1 is taken (another demo or training run?): pass "
-                         f"--prometheus-port P for another port (0: any free one)")
+        if not take_next_port:
+            raise ValueError(f"port {prometheus_port} on 127.0.0.1 is taken (another demo or training run?): pass "
+                             f"--prometheus-port P for another port (0: any free one)")
+        taken, prometheus_port = prometheus_port, next_free_port(prometheus_port)
+        echo(f"port {taken} on 127.0.0.1 is taken: serving Prometheus metrics on "
+             + (f"port {prometheus_port}" if prometheus_port else "any free port")
+             + f" instead (the prometheus.yml of 'isiwatch deploy DIR' scrapes {taken}; --prometheus-port P chooses)")
     settings = QUICK if quick else FULL
     out = Path(out)
     _start_afresh(out, echo)  # before any work: a folder in use is refused, an earlier demo's files go
