@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 from test_faults import fill, own_disk, remount, small_disk, tiny_vit  # noqa: F401  (fixtures)
 from test_watch import digits  # noqa: F401  (fixture)
 
@@ -214,3 +215,39 @@ def test_a_thread_refused_a_folder_names_a_holder_slow_to_write_its_record(tmp_p
     winner.join()
     assert f"run 'slow' (pid {os.getpid()} on " in str(refused.value)
     locks[0].release()
+
+
+def test_a_closed_watch_leaves_no_lock_file_and_the_folder_free(tmp_path):
+    from isiwatch.watch import log_folder
+
+    x = torch.randn(16, 1, 28, 28)
+    with Watch(tiny_vit(), x, torch.arange(16) % 10, every_n_steps=1, log_dir=str(tmp_path), run_name="first"):
+        assert "run 'first'" in holder(tmp_path)
+    assert not (tmp_path / log_folder.LOCK_NAME).exists() and (tmp_path / "metrics.jsonl").exists()
+    again = LogFolderLock(tmp_path, "second")  # the next run takes the folder with a new lock file
+    assert "run 'second'" in holder(tmp_path)
+    again.release()
+    assert not (tmp_path / log_folder.LOCK_NAME).exists() and holder(tmp_path) is None
+
+
+def test_a_lock_file_removed_as_another_watch_opens_it_is_not_locked_by_both(tmp_path, monkeypatch):
+    """A release that removes the file between another Watch's open and its lock: that Watch must lock the file
+    the path names now, not the removed one, or a third Watch could lock the new file beside it."""
+    from isiwatch.watch import log_folder
+
+    first = LogFolderLock(tmp_path, "first")
+    real_lock = log_folder._lock
+    released = []
+
+    def lock_after_the_release(fd):
+        if not released:
+            released.append(True)
+            first.release()  # the holder closes between this Watch's open and its flock
+        real_lock(fd)
+
+    monkeypatch.setattr(log_folder, "_lock", lock_after_the_release)
+    second = LogFolderLock(tmp_path, "second")
+    assert second.held and log_folder._names(second.path, second._fd)
+    with pytest.raises(FolderInUse):
+        LogFolderLock(tmp_path, "third")
+    second.release()

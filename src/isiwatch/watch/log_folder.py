@@ -4,7 +4,8 @@ Two Watches appending to one ``metrics.jsonl`` would interleave two runs, and a 
 file under the other one's open handle, losing its records. So the first Watch on a folder takes an exclusive
 ``flock`` on ``.isiwatch.lock`` there (it records the run's name, process id and host) and a second one, in this
 process or another, is refused in one line naming it. The operating system drops the lock with the process, so a
-crashed run's folder is free for its resume. A folder that cannot be written when the Watch is built (a full or
+crashed run's folder is free for its resume (its lock file stays, unlocked); a Watch that closes removes the file, so
+a finished run's folder holds no lock. A folder that cannot be written when the Watch is built (a full or
 read-only disk) is locked at its first write instead, so two Watches built then still never share it. The holder's
 record is rewritten in place by one write of a fixed-size, space-padded JSON object (never truncated first), so a
 Watch refused the folder always reads a whole record. Locks are advisory and local: a folder shared over NFS between
@@ -13,6 +14,7 @@ hosts may not be protected (``flock`` there depends on the mount).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -31,6 +33,8 @@ from .._utils.files import shown_path
 
 #: The lock file's name in ``log_dir``.
 LOCK_NAME = ".isiwatch.lock"
+#: Attempts to lock a lock file that its holder removes as this Watch opens it (a release racing an acquire).
+LOCK_TRIES = 5
 #: Bytes of the holder's record: its JSON padded with spaces (valid JSON), so each rewrite covers the last one.
 RECORD_BYTES = 512
 #: How long a refused Watch waits for the holder's record (seconds): the holder writes it just after it locks.
@@ -78,6 +82,15 @@ def _holder(fd: int, wait: float = RECORD_WAIT_S) -> str:
     return described or "another Watch"
 
 
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (same device and inode)."""
+    try:
+        here, held = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
+
+
 def _lock(fd: int) -> None:
     """Take the exclusive lock or raise BlockingIOError. When this process holds it, the holder may be a Watch
     nobody references any more (a notebook cell run again, a Watch never closed): a garbage collection frees its
@@ -121,24 +134,31 @@ class LogFolderLock:
         """
         if self._fd is not None or self._unsupported:
             return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError:
-            return
-        with _TAKING:  # in this process a lock and its holder's record appear together: a refused thread reads it
+        for _ in range(LOCK_TRIES):
             try:
-                _lock(fd)
-            except BlockingIOError:
-                refused = True
-            except OSError:  # a file system without flock
-                os.close(fd)
-                self._unsupported = True
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError:
                 return
-            else:
-                refused = False
-                self._fd = fd
-                self.rename(self.run)
+            with _TAKING:  # in this process a lock and its holder's record appear together: a refused thread reads
+                try:
+                    _lock(fd)
+                except BlockingIOError:
+                    refused = True
+                except OSError:  # a file system without flock
+                    os.close(fd)
+                    self._unsupported = True
+                    return
+                else:
+                    if not _names(self.path, fd):  # its holder removed it as we opened it: lock the new file
+                        os.close(fd)
+                        continue
+                    refused = False
+                    self._fd = fd
+                    self.rename(self.run)
+            break
+        else:
+            return  # the file kept changing under us: left unlocked, tried again at the next write
         if refused:  # waits for another process's record once: a refused write must not stall each step
             holder = _holder(fd, 0.0 if self._refused else RECORD_WAIT_S)
             self._refused = True
@@ -164,9 +184,14 @@ class LogFolderLock:
             pass
 
     def release(self) -> None:
-        """Let another Watch write the folder (closing the descriptor drops the lock). A second call does nothing."""
+        """Let another Watch write the folder and leave no lock file in it: the file is removed while still locked
+        (a Watch that opened it meanwhile sees it gone once it locks, and takes a new one), then closing the
+        descriptor drops the lock. A second call does nothing."""
         fd, self._fd = self._fd, None
         if fd is not None:
+            with contextlib.suppress(OSError):
+                if _names(self.path, fd):
+                    os.unlink(self.path)
             os.close(fd)
 
     def __del__(self) -> None:  # a Watch whose construction failed later on frees its folder with its exporters
