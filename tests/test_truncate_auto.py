@@ -115,6 +115,11 @@ def test_cli_auto_is_the_default_and_prints_every_candidate(idle_ckpt, tmp_path)
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["strategy", "blocks"])
     rows = [line.split()[0] for line in lines[header + 1:] if line.split()[0] != "model"][:4]
     assert rows and set(rows) <= set(STRATEGIES)  # every strategy shown is one the docs list
+    # no terminal, so no bar: each stage that takes a while says so as it starts, each candidate as it is tested
+    said = [i for i, line in enumerate(lines) if line.startswith(("analysing the uncut model on 200 healing images",
+                                                                   "scoring the uncut model on the 500 validation",
+                                                                   "  tested candidate 1: bi K=6 none bound "))]
+    assert len(said) == 3 and said == sorted(said) and said[-1] < header
 
 
 def test_a_validation_split_too_small_to_certify_stops_before_any_work_and_says_how_many_it_needs(

@@ -74,12 +74,14 @@ def auto_cut(plan: TruncationPlan) -> AutoCut:
     r, split, uncut = plan.request, plan.split, plan.uncut
     assert plan.distances is not None  # plan() measures them for auto
     depth, full, guarantee = plan.depth, plan.heal_steps, plan.guarantee
+    plan.say(f"scoring the uncut model on the {len(split.val_y)} validation images, then the cuts from "
+             f"{depth - 1} blocks down, each repaired as the healing images choose (at most {r.budget} healed)")
     uncut_correct = predict(uncut, split.val_x) == split.val_y
     repair = CutRepair(uncut, *first_images(split.probe_x, r.images), r.bridge)
     scorer = CandidateScorer(depth, plan.inputs, repair, guarantee.rule, uncut_correct, full, plan.heal,
                              (split.val_x, split.val_y))
     journal = SearchJournal(r.journal, _search_header(plan, guarantee, uncut_correct), resume=r.resume)
-    progress = SearchProgress(r.budget * full, r.budget, r.progress)
+    progress = SearchProgress(r.budget * full, r.budget, r.progress, plan.say if plan.speaks else None)
     search = CutSearch(depth, guarantee, r.budget, scorer.blocks_for, scorer.score, journal=journal,
                        progress=progress)
     try:

@@ -48,6 +48,8 @@ def execute(plan: TruncationPlan) -> Execution:
         return Execution(found.model, found.kept, found.healing_steps, found, split.test_x, split.test_y,
                          found.bridged, measure_costs(plan, depths, split.test_x))
     model = cut_vit(plan.uncut, plan.kept)
+    if plan.heal_steps:
+        plan.say(f"healing the {len(plan.kept)}-block cut for {plan.heal_steps} steps")
     steps = plan.heal(model, plan.heal_steps, progress=plan.request.progress)
     eval_x, eval_y = split.held_out
     return Execution(model, plan.kept, steps, None, eval_x, eval_y, False,

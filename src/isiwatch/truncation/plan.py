@@ -78,6 +78,17 @@ class TruncationPlan:
         return CutInputs(self.phases, self.distances, self.request.seed)
 
     @property
+    def speaks(self) -> bool:
+        """Whether this process says the run's progress lines: it has an ``echo`` and is process 0."""
+        return self.request.echo is not None and self.fabric.is_global_zero
+
+    def say(self, line: str) -> None:
+        """One progress line for a stage that takes a while, through the request's ``echo`` (process 0 only)."""
+        if self.speaks:
+            assert self.request.echo is not None
+            self.request.echo(line)
+
+    @property
     def heal_options(self) -> HealOptions:
         """Keyword arguments of [`heal`][isiwatch.heal] for every cut of this plan."""
         r = self.request
@@ -169,6 +180,8 @@ def plan(request: TruncateRequest) -> TruncationPlan:
     needs = inputs_needed(r.strategy)
     probe_x, probe_y = first_images(split.probe_x, r.images)
     if source_analysis is None and (r.keep is None or "phases" in needs):  # the recommendation reads it too
+        if r.echo is not None and fabric.is_global_zero:
+            r.echo(f"analysing the uncut model on {len(probe_y)} healing images (phases, block scores)")
         source_analysis = analyze(uncut, probe_x, probe_y, phase_metric=metric)
     if source_analysis is not None:
         source_analysis = source_analysis.first_blocks(depth)

@@ -97,12 +97,15 @@ class Candidate:
 
 class SearchProgress:
     """One bar over every healing step the search may take (a full heal for each candidate of its budget), with an
-    ETA; shown only when asked and standard error is a terminal."""
+    ETA; shown only when asked and standard error is a terminal. Without the bar, ``echo`` (when given) gets one
+    line per candidate tested, so a search of many minutes is never silent in a log."""
 
-    def __init__(self, total_steps: int, candidates: int, enabled: bool):
+    def __init__(self, total_steps: int, candidates: int, enabled: bool,
+                 echo: Callable[[str], None] | None = None):
         self.candidates = candidates
         self.bar = tqdm(total=total_steps, desc="auto search", unit="step", leave=False,
                         disable=not (enabled and sys.stderr.isatty()))
+        self.echo = echo
 
     @property
     def shown(self) -> bool:
@@ -112,6 +115,8 @@ class SearchProgress:
         """``steps`` more healing steps done; ``done`` candidates so far; ``note`` what the last one was."""
         self.bar.update(steps)
         self.bar.set_postfix_str(f"candidate {done}/{self.candidates}: {note}")
+        if not self.shown and self.echo is not None:
+            self.echo(f"  tested candidate {done}: {note}")
 
     def close(self) -> None:
         self.bar.close()
