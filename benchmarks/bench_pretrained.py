@@ -17,6 +17,8 @@ some and keeps the others' records):
 - ``lightning``: the same fine-tune through ``ISIWatchCallback`` (Lightning's Trainer): its alerts and spans.
 - ``finetuned``: ``analyze`` of the fine-tuned model, as ``pretrained``.
 - ``cost``: the Watch's cost at the plain loop's settings (`cost_stage`); run it alone, it times.
+- ``truncate``: ``isiwatch truncate`` on the fine-tuned checkpoint, each arm (`ARMS`) at each ``--drops``
+  (`truncate_stage`).
 
 Digits enter the model through timm's data layer: grey repeated to 3 channels, resized (bicubic) to
 ``--img-size`` px, ImageNet mean/std, as the backbone was trained.
@@ -60,7 +62,7 @@ from isiwatch.truncation.healing import accuracy
 
 RESULTS = Path(__file__).parent / "results" / "pretrained"
 RESULT = RESULTS / "pretrained.json"
-STAGES = ("backbone", "pretrained", "plain", "lightning", "finetuned", "cost")
+STAGES = ("backbone", "pretrained", "plain", "lightning", "finetuned", "cost", "truncate")
 HELD_OUT = 1000  # the embedded digits after DIGITS_TRAIN: validation 500, test 500, as truncate splits them
 
 
@@ -347,6 +349,79 @@ def cost_stage(args: argparse.Namespace, data: dict[str, torch.Tensor]) -> dict[
             "scalar_reads": one.scalar_reads}
 
 
+#: truncate's arms: CLI flags beside --max-drop (auto), and the fixed ShortGPT cut at the recommended depth.
+ARMS = {"default": [], "no repair": ["--bridge", "none", "--epochs", "0"], "bridge only": ["--epochs", "0"],
+        "heal only": ["--bridge", "none"],
+        "heal only, the fine-tune's learning rate": ["--bridge", "none", "--lr", "2e-5"],
+        "bi at the recommended depth": ["--strategy", "bi"]}
+
+
+def repair_flops(cut: torch.nn.Module, report: dict[str, Any], image: torch.Tensor) -> int:
+    """FLOPs of the healing steps the written cut took: steps × one training step on the report's global batch of
+    images with its last ``train_last`` blocks, the final norm and the head trainable (`step_flops`, counted on one
+    image and scaled)."""
+    from isiwatch.watch.freezing import step_flops
+
+    steps = int(report.get("healing_steps") or 0)
+    if not steps:
+        return 0
+    blocks = list(cut.blocks)
+    train_last = int(report.get("train_last") or max(1, len(blocks) // 2))
+    for name, param in cut.named_parameters():
+        late = any(name.startswith(f"blocks.{i}.") for i in range(len(blocks) - train_last, len(blocks)))
+        param.requires_grad_(late or name.startswith(("norm.", "head.", "fc_norm.")))
+    return steps * int((report.get("batch") or {}).get("global") or 128) * step_flops(cut, image[:1])
+
+
+def truncate_stage(args: argparse.Namespace, data: dict[str, torch.Tensor], record: dict[str, Any],
+                   done: Any) -> dict[str, Any]:
+    """``isiwatch truncate`` on the fine-tuned checkpoint through the CLI, each arm at each ``--drops``
+    (confidence 0.95): blocks removed, the bound, the written file's test accuracy evaluated here (its own load and
+    predictions, not the report's), wall time and repair FLOPs; each run is recorded as soon as it ends."""
+    from isiwatch.io.checkpoint import load_checkpoint
+    from isiwatch.io.models import build_model
+
+    stage = record.get("truncate", {"runs": []})
+    out = args.out / "cuts"
+    out.mkdir(parents=True, exist_ok=True)
+    for drop in args.drops:
+        for arm in args.arms:
+            if arm == "bi at the recommended depth" and drop != args.drops[0]:
+                continue  # a fixed cut has no --max-drop: run once
+            name = f"{arm} @ {drop:g}".replace(" ", "_").replace("@", "at")
+            bound = [] if "--strategy" in ARMS[arm] else ["--max-drop", f"{drop:g}", "--confidence", "0.95"]
+            command = ["isiwatch", "truncate", str(args.out / "finetuned.pt"), "--out", str(out / f"{name}.pt"),
+                       "--report", str(out / f"{name}.json"), *bound, "--no-progress", *ARMS[arm]]
+            for stale in (out / f"{name}.pt", out / f"{name}.json"):
+                stale.unlink(missing_ok=True)
+            start = time.perf_counter()
+            done_run = subprocess.run(command, capture_output=True, text=True)
+            row: dict[str, Any] = {"arm": arm, "max_drop": drop, "flags": ARMS[arm],
+                                   "seconds": round(time.perf_counter() - start, 1), "exit": done_run.returncode,
+                                   "last_line": ((done_run.stdout + done_run.stderr).strip().splitlines() or [""])[-1]}
+            report_path = out / f"{name}.json"
+            if report_path.is_file():
+                report = json.loads(report_path.read_text())
+                search = report.get("search") or {}
+                winner = search.get("winner") or {}
+                row.update(kept=len(report["kept_blocks"]), removed=12 - len(report["kept_blocks"]),
+                           dropped=report.get("dropped_blocks"), repair=winner.get("repair"),
+                           bound_points=(winner.get("validation_drop") or {}).get("upper_bound_points"),
+                           stopped_at=search.get("stopped_at"), healing_steps=report.get("healing_steps"),
+                           report_test_accuracy=(report.get("accuracy") or {}).get(
+                               {"bridge": "bridged", "heal": "healed"}.get(winner.get("repair") or "", "cut")))
+            if (out / f"{name}.pt").is_file():
+                cut = build_model(load_checkpoint(out / f"{name}.pt")).eval()
+                row["test_accuracy"] = accuracy(cut, data["test_x"], data["test_y"])
+                row["test_n"] = len(data["test_y"])
+                row["repair_flops"] = repair_flops(cut, json.loads(report_path.read_text()), data["test_x"])
+            stage["runs"] = [r for r in stage["runs"] if (r["arm"], r["max_drop"]) != (arm, drop)] + [row]
+            print(f"  {arm} at {drop:g}: {row.get('removed')} removed, bound {row.get('bound_points')}, "
+                  f"{row['seconds']} s", flush=True)
+            done("truncate", {k: v for k, v in stage.items() if k not in ("command", "machine")})
+    return stage
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=",".join(STAGES), help=f"comma-separated stages of {STAGES}")
@@ -361,6 +436,8 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=150.0,
                         help="seconds from the start of the fine-tune the exporter stays up at least")
     parser.add_argument("--prom-port", type=int, default=9190, help="Prometheus's own port on 127.0.0.1")
+    parser.add_argument("--drops", type=float, nargs="+", default=[1.0, 3.0, 5.0], help="truncate: --max-drop")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="truncate: arms")
     parser.add_argument("--pairs", type=int, default=7, help="cost: interleaved sample/forward pairs and steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "isiwatch-pretrained")
@@ -396,7 +473,7 @@ def main() -> None:
     if "pretrained" in only:
         done("pretrained", analysis_stage(model, torch.cat([val_x, test_x]), torch.cat([val_y, test_y]),
                                           "pretrained"))
-    if {"plain", "lightning", "cost"} & set(only):
+    if {"plain", "lightning", "cost", "truncate"} & set(only):
         train_x, train_y = digits(config, 0, DIGITS_TRAIN)
         data = {"train_x": train_x, "train_y": train_y, "val_x": val_x, "val_y": val_y, "test_x": test_x,
                 "test_y": test_y, "config": config}
@@ -406,6 +483,8 @@ def main() -> None:
             done("lightning", lightning_stage(args, data, args.out))
         if "cost" in only:
             done("cost", cost_stage(args, data))
+        if "truncate" in only:
+            truncate_stage(args, data, record, done)
     if "finetuned" in only:
         from isiwatch.io.checkpoint import load_checkpoint
         from isiwatch.io.models import build_model

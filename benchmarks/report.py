@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_bridge  # noqa: E402
 import bench_depth  # noqa: E402
 import bench_freeze  # noqa: E402
+import bench_pretrained  # noqa: E402
 import bench_sample_cost  # noqa: E402
 import bench_truncate  # noqa: E402
 import bench_truncate_auto  # noqa: E402
@@ -627,6 +628,28 @@ def pretrained(data: dict) -> list[str]:
     if lightning := data.get("lightning"):
         lines += _watch_run(f"Lightning (`ISIWatchCallback`; test n={lightning['accuracy']['test_n']} "
                             f"{lightning['accuracy']['test']:.3f})", lightning)
+    if (cuts := data.get("truncate")) and cuts.get("runs"):
+        lines += ["", "`isiwatch truncate` on the fine-tuned checkpoint (`python benchmarks/bench_pretrained.py "
+                  "--only truncate --arms ARM... --drops D...`, the runs of several such commands; machine of the "
+                  f"last: {describe(cuts['machine'])}), confidence 0.95, 500 validation digits; the test accuracy is "
+                  "the "
+                  "written file loaded and evaluated by the script on the 500 test digits (uncut: "
+                  f"{data['plain']['accuracy']['test']:.3f}), not read from the report:", "",
+                  "| arm (flags) | --max-drop | blocks removed (dropped) | repair | bound (points) | test accuracy | "
+                  "healing steps | repair GFLOPs | wall time |", "|---|---|---|---|---|---|---|---|---|"]
+        arms = list(bench_pretrained.ARMS)
+        for run in sorted(cuts["runs"], key=lambda r: (r["max_drop"], arms.index(r["arm"]))):
+            flags = " ".join(run["flags"]) or "defaults"
+            drop = "-" if "--strategy" in run["flags"] else f"{run['max_drop']:g}"  # a fixed cut has no bound
+            if "test_accuracy" not in run:  # refused, or no certified cut: no file written
+                why = run["last_line"].removeprefix("Error: ")
+                lines.append(f"| {run['arm']} (`{flags}`) | {drop} | 0: {why} | | | | | | {run['seconds']:.0f} s |")
+                continue
+            bound = "-" if run.get("bound_points") is None else f"{run['bound_points']:.2f}"
+            lines.append(f"| {run['arm']} (`{flags}`) | {drop} | {run['removed']} "
+                         f"({', '.join(map(str, run['dropped'] or [])) or 'none'}) | {run.get('repair') or '-'} | "
+                         f"{bound} | {run['test_accuracy']:.3f} | {run.get('healing_steps') or 0} | "
+                         f"{run.get('repair_flops', 0) / 1e9:.0f} | {run['seconds']:.0f} s |")
     if cost := data.get("cost"):
         lines += ["", f"The Watch's cost on this backbone (`{cost['command']}`; machine: {describe(cost['machine'])}):"
                   f" one sample = **{cost['sample_over_forward']:.2f}×** one plain eval forward of its "
