@@ -49,7 +49,8 @@ def execute(plan: TruncationPlan) -> Execution:
                          found.bridged, measure_costs(plan, depths, split.test_x))
     model = cut_vit(plan.uncut, plan.kept)
     if plan.heal_steps:
-        plan.say(f"healing the {len(plan.kept)}-block cut for {plan.heal_steps} steps")
+        plan.say(f"healing the {len(plan.kept)}-block cut for {plan.heal_steps} step"
+                 + ("s" if plan.heal_steps != 1 else ""))
     steps = plan.heal(model, plan.heal_steps, progress=plan.request.progress)
     eval_x, eval_y = split.held_out
     return Execution(model, plan.kept, steps, None, eval_x, eval_y, False,
