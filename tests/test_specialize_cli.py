@@ -1,6 +1,7 @@
 """`isiwatch specialize` end to end, and its refusals of bad input."""
 
 import hashlib
+import os
 import re
 
 import pytest
@@ -72,15 +73,20 @@ def test_bad_inputs_fail_in_one_line(source, tmp_path):
     corrupt.write_bytes(b"not a checkpoint at all")
     special = tmp_path / "special.pt"
     assert run("specialize", source, "--out", special).exit_code == 0
+    link = tmp_path / "link.pt"
+    os.link(source, link)  # the input under another name: same device and inode
     cases = [(tmp_path / "missing.pt", tmp_path / "a.pt", "no such checkpoint"),
              (corrupt, tmp_path / "b.pt", "not a readable"),
              (source, source, "--out must differ"),
+             (source, link, "--out must differ"),
              (special, tmp_path / "c.pt", "already specialised")]
+    before = digest(source)
     for ckpt, out, message in cases:
         result = run("specialize", ckpt, "--out", out)
         assert result.exit_code == 1 and message in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1
-        assert ckpt == out or not out.exists()
+        assert ckpt == out or out == link or not out.exists()
+    assert digest(source) == before and os.path.samefile(source, link)  # the link was not replaced either
 
 
 def test_bare_state_dict_needs_num_heads(tmp_path):

@@ -236,6 +236,16 @@ class PathError(ValueError):
     line naming the path and the problem."""
 
 
+def file_identity(path: str | Path) -> object:
+    """What makes two paths one file: its device and inode when it exists (a hard link, a symlink or another
+    spelling of the path all match), else the resolved path."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return Path(path).resolve()
+    return info.st_dev, info.st_ino
+
+
 def shown_path(path: str | Path) -> str:
     """``path`` for a one-line message: as it is when printable, else quoted with escapes (a newline in a name
     would otherwise split the message)."""

@@ -14,6 +14,7 @@ import timm
 import torch
 from torch import nn
 
+from .._utils.files import file_identity
 from .._utils.option_error import OptionError
 from ..specialization.convert import (
     EXACTNESS_TOLERANCE,
@@ -92,7 +93,7 @@ def specialize_checkpoint(
     the outputs by more than `EXACTNESS_TOLERANCE` is refused and nothing is written.
     """
     checkpoint, out = Path(checkpoint), Path(out)
-    if out.resolve() == checkpoint.resolve():
+    if file_identity(out) == file_identity(checkpoint):
         raise OptionError("{target}: {out} must differ from the input checkpoint (inputs are never modified)",
                           target=out)
     ckpt = load_checkpoint(checkpoint, arch=arch, prefer_ema=prefer_ema, num_heads=num_heads)

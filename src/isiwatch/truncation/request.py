@@ -4,12 +4,12 @@ any file is read (an impossible option or combination is refused in one line tha
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
+from .._utils.files import file_identity
 from .._utils.option_error import OptionError
 from .data_split import NAMED
 from .engine import FabricOptions
@@ -77,29 +77,19 @@ class TruncateRequest(TruncateOptions):
                               path=self.out)
 
 
-def _same_file_key(path: Path) -> object:
-    """What makes two paths one file: its device and inode when it exists (a hard link, a symlink or another
-    spelling of the path all match), else the resolved path."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return Path(path).resolve()
-    return info.st_dev, info.st_ino
-
-
 def _check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]) -> None:
     """Every output path differs from every input and from the other outputs (nothing is overwritten); the
     dictionaries map option names to paths."""
-    seen = {_same_file_key(p): name for name, p in inputs.items() if p is not None}
+    seen = {file_identity(p): name for name, p in inputs.items() if p is not None}
     for name, path in outputs.items():
         if path is None:
             continue
-        clash = seen.get(_same_file_key(path))
+        clash = seen.get(file_identity(path))
         if clash is not None:
             kind = "input" if clash in inputs else "output"
             raise OptionError(f"{{path}}: {{{name}}} names the same file as the {kind} {{{clash}}}; choose another "
                               "path", path=path)
-        seen[_same_file_key(path)] = name
+        seen[file_identity(path)] = name
 
 
 def _read_class_map(path: Path) -> dict[str, int]:
