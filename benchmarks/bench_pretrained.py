@@ -241,7 +241,7 @@ def plain_stage(args: argparse.Namespace, data: dict[str, torch.Tensor], out: Pa
     test = accuracy(model, data["test_x"], data["test_y"])
     norm = data["config"].to_dict()
     save_checkpoint(out / "finetuned.pt", DINOV2_S14.arch, kwargs, model.state_dict(),
-                    metadata={"normalization": {**norm, "source": "--mean/--std"},
+                    metadata={"normalization": {**norm, "source": "--mean/--std"}, "lr": args.lr,
                               "held_out_accuracy": (val + test) / 2, "steps": args.steps})
     return {"steps": args.steps, "batch": args.batch, "lr": args.lr, "head_lr": args.head_lr, "warmup": args.warmup,
             "every_n_steps": args.every,

@@ -91,7 +91,8 @@ def _python_default(name: str) -> dict[str, Any]:
               help="auto: continue the search journalled in OUT.search.jsonl without healing its finished "
                    "candidates again.")
 @click.option("--lr", type=shared.FiniteRange(min=0, min_open=True), **_python_default("lr"),
-              help="Peak healing learning rate.")
+              help="Peak healing learning rate (default: 1e-3, or the rate the checkpoint records it was trained at "
+                   "when that is lower).")
 @click.option("--distill", is_flag=True, help="Also distil the uncut model's logits while healing.")
 @click.option("--metric", help="Curve whose plateau sets the cut (default: the analysis's, else token_similarity).")
 @click.option("--images", type=click.IntRange(min=4), **_python_default("images"),

@@ -28,6 +28,7 @@ from .checkpoint_contents import (
     recorded_kwargs,
     state_dict_of,
     strip_prefix,
+    training_lr,
 )
 from .checkpoint_file import CheckpointError, CheckpointOptionError, read_raw, sha256_of
 from .vit_arch import BASE_ARCH, BASE_DISTILLED_ARCH, arch_config, infer_vit_kwargs, is_other_family, num_heads_of
@@ -53,6 +54,8 @@ class Checkpoint:
     #: augmentation (``mean``, ``std``, ``interpolation``, ``crop_pct``, ``input_size``, ``hflip``, ...) and a
     #: ``source`` of ``mean``/``std``, or isiwatch's own metadata; empty when none is recorded.
     data_config: dict[str, Any] = field(default_factory=dict)
+    #: The peak learning rate the weights were trained at, when recorded (`training_lr`): healing defaults below it.
+    training_lr: float | None = None
 
 
 def _metadata(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
@@ -75,7 +78,8 @@ def _family_checkpoint(path: Path, raw: dict[str, Any], arch: str, state: dict[s
     if proj is not None and proj.dim() == 4:
         kwargs.setdefault("in_chans", proj.shape[1])
     meta = _metadata(path, raw)
-    return Checkpoint(path, arch, kwargs, state, sha256_of(path), meta, weights, data_config(path, raw, meta))
+    return Checkpoint(path, arch, kwargs, state, sha256_of(path), meta, weights, data_config(path, raw, meta),
+                      training_lr(raw, meta))
 
 
 def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool = True,
@@ -113,7 +117,7 @@ def load_checkpoint(path: str | Path, arch: str | None = None, prefer_ema: bool 
         kwargs["num_heads"] = heads
     meta = _metadata(path, raw)
     return Checkpoint(path, chosen_arch, kwargs, state, sha256_of(path), meta, weights,
-                      data_config(path, raw, meta))
+                      data_config(path, raw, meta), training_lr(raw, meta))
 
 
 def save_checkpoint(path: str | Path, arch: str, model_kwargs: dict[str, Any], state_dict: dict[str, Tensor],

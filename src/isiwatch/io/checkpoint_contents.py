@@ -81,6 +81,17 @@ def data_config(path: Path, raw: dict[str, Any], meta: dict[str, Any]) -> dict[s
     return config
 
 
+def training_lr(raw: dict[str, Any], meta: dict[str, Any]) -> float | None:
+    """The peak learning rate the weights were trained at, as recorded: isiwatch's own ``lr`` (a fine-tune's
+    pretrained blocks), else timm ``train.py``'s ``args.lr``; None when neither records a positive number."""
+    args = raw.get("args")
+    fields = vars(args) if isinstance(args, argparse.Namespace) else (args if isinstance(args, dict) else {})
+    for value in (meta.get("lr"), fields.get("lr")):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):
+            return float(value)
+    return None
+
+
 def strip_prefix(state: dict[str, Tensor]) -> dict[str, Tensor] | None:
     """The timm model's entries without the wrapper prefix around them (``module.``, ``_orig_mod.``,
     Lightning's ``model.``, or several), found where the first block's QKV weight sits and removed with torch's

@@ -57,7 +57,7 @@ def _search_header(plan: TruncationPlan, guarantee: SearchGuarantee, uncut_corre
     return {"source_sha256": plan.checkpoint.sha256, "depth": plan.depth,
             "data": plan.split.data, "uncut_validation_correct": int(uncut_correct.sum()),
             "rule": guarantee.to_dict(), "budget": r.budget, "heal_steps": plan.heal_steps, "bridge": r.bridge,
-            "images": r.images, "lr": r.lr, "distill": r.distill,
+            "images": r.images, "lr": plan.heal_lr, "distill": r.distill,
             "train_last": r.train_last, "seed": r.seed, "metric": plan.metric}
 
 

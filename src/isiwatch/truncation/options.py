@@ -12,7 +12,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .strategies import DEFAULT_BRIDGE, DEFAULT_BUDGET, DEFAULT_CONFIDENCE, DEFAULT_MAX_DROP, HEAL_EPOCHS, HEAL_LR
+from .strategies import DEFAULT_BRIDGE, DEFAULT_BUDGET, DEFAULT_CONFIDENCE, DEFAULT_MAX_DROP, HEAL_EPOCHS
 
 if TYPE_CHECKING:
     from .data_split import Data
@@ -40,7 +40,7 @@ class TruncateOptions:
     bridge: str = DEFAULT_BRIDGE
     journal: Path | None = None
     resume: bool = False
-    lr: float = HEAL_LR
+    lr: float | None = None
     distill: bool = False
     metric: str | None = None
     images: int = 1000

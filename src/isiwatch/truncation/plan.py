@@ -28,7 +28,7 @@ from .data_split import NAMED, Split, load_split
 from .healing import HEAL_BATCH, heal
 from .preflight import check_certifiable, check_depth, check_labels, check_train_last, read_analysis
 from .request import TruncateRequest
-from .strategies import STRATEGIES, CutInputs, choose_blocks, get_strategy, inputs_needed
+from .strategies import HEAL_LR, STRATEGIES, CutInputs, choose_blocks, get_strategy, inputs_needed
 from .surgery import measure_inputs
 
 if TYPE_CHECKING:
@@ -89,10 +89,20 @@ class TruncationPlan:
             self.request.echo(line)
 
     @property
+    def heal_lr(self) -> float:
+        """The peak healing learning rate: ``lr``, else `HEAL_LR` or, when lower, the rate the checkpoint records
+        its weights were trained at (`Checkpoint.training_lr`): a fine-tuned backbone healed at `HEAL_LR`, which
+        suits models trained from scratch at that pace, loses what its fine-tune at a rate 50 times lower kept
+        (``benchmarks/bench_pretrained.py``'s ``heal only`` arms)."""
+        if self.request.lr is not None:
+            return self.request.lr
+        return min(HEAL_LR, self.checkpoint.training_lr or HEAL_LR)
+
+    @property
     def heal_options(self) -> HealOptions:
         """Keyword arguments of [`heal`][isiwatch.heal] for every cut of this plan."""
         r = self.request
-        return {"lr": r.lr, "teacher": self.uncut if r.distill else None, "seed": r.seed,
+        return {"lr": self.heal_lr, "teacher": self.uncut if r.distill else None, "seed": r.seed,
                 "amp": r.device.startswith("cuda"), "train_last": r.train_last}
 
     @property

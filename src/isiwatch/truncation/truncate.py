@@ -38,7 +38,6 @@ from .strategies import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MAX_DROP,
     HEAL_EPOCHS,
-    HEAL_LR,
     STRATEGIES,
     choose_blocks,
 )
@@ -83,7 +82,7 @@ def truncate(
     bridge: str = DEFAULT_BRIDGE,
     journal: str | Path | None = None,
     resume: bool = False,
-    lr: float = HEAL_LR,
+    lr: float | None = None,
     distill: bool = False,
     analysis: str | Path | None = None,
     metric: str | None = None,
@@ -156,7 +155,8 @@ def truncate(
         journal: ``auto``: a JSON-lines file the search appends each finished candidate to.
         resume: ``auto``: take the candidates an interrupted run of the same search left in ``journal``
             instead of healing them again.
-        lr: Peak healing learning rate.
+        lr: Peak healing learning rate; None: 1e-3 (`HEAL_LR`), or the rate the checkpoint records it was trained
+            at when that is lower (a fine-tune's: isiwatch's ``lr`` metadata or timm ``train.py``'s ``args.lr``).
         distill: Also distil the uncut model's logits while healing.
         analysis: An ``analysis.json`` of this model (default: analyse it on ``images`` healing images).
         metric: The curve whose plateau ``plateau`` cuts (default: the analysis's, else token_similarity).
