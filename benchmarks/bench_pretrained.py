@@ -349,11 +349,14 @@ def cost_stage(args: argparse.Namespace, data: dict[str, torch.Tensor]) -> dict[
             "scalar_reads": one.scalar_reads}
 
 
-#: truncate's arms: CLI flags beside --max-drop (auto), and the fixed ShortGPT cut at the recommended depth.
+#: truncate's arms: CLI flags beside --max-drop (auto), and fixed ShortGPT (block influence) cuts, at the
+#: recommended depth and at the depth of the cut the default certified at the middle --drops (`CERTIFIED_DEPTH`).
+#: ``heal only`` heals at the default rate, which for this checkpoint is its recorded fine-tuning rate.
 ARMS = {"default": [], "no repair": ["--bridge", "none", "--epochs", "0"], "bridge only": ["--epochs", "0"],
-        "heal only": ["--bridge", "none"],
-        "heal only, the fine-tune's learning rate": ["--bridge", "none", "--lr", "2e-5"],
-        "bi at the recommended depth": ["--strategy", "bi"]}
+        "heal only": ["--bridge", "none"], "heal only at lr 1e-3": ["--bridge", "none", "--lr", "1e-3"],
+        "bi at the recommended depth": ["--strategy", "bi"],
+        "bi at the certified cut's depth": ["--strategy", "bi", "--keep", "CERTIFIED_DEPTH"]}
+FIXED_ARMS = ("bi at the recommended depth", "bi at the certified cut's depth")
 
 
 def repair_flops(cut: torch.nn.Module, report: dict[str, Any], image: torch.Tensor) -> int:
@@ -384,19 +387,28 @@ def truncate_stage(args: argparse.Namespace, data: dict[str, torch.Tensor], reco
     stage = record.get("truncate", {"runs": []})
     out = args.out / "cuts"
     out.mkdir(parents=True, exist_ok=True)
+    stage["runs"] = [r for r in stage["runs"] if r["arm"] in ARMS and r["flags"] == ARMS[r["arm"]]]  # current arms
+    middle = args.drops[len(args.drops) // 2]
     for drop in args.drops:
-        for arm in args.arms:
-            if arm == "bi at the recommended depth" and drop != args.drops[0]:
+        for arm in sorted(args.arms, key=lambda a: a in FIXED_ARMS):  # the default's cuts before the depth they set
+            if arm in FIXED_ARMS and drop != middle:
                 continue  # a fixed cut has no --max-drop: run once
-            name = f"{arm} @ {drop:g}".replace(" ", "_").replace("@", "at")
-            bound = [] if "--strategy" in ARMS[arm] else ["--max-drop", f"{drop:g}", "--confidence", "0.95"]
+            flags = list(ARMS[arm])
+            if "CERTIFIED_DEPTH" in flags:
+                certified = next((r for r in stage["runs"] if (r["arm"], r["max_drop"]) == ("default", middle)
+                                  and r.get("kept")), None)
+                if certified is None:
+                    continue  # no certified cut to match
+                flags[flags.index("CERTIFIED_DEPTH")] = str(certified["kept"])
+            name = f"{arm} @ {drop:g}".replace(" ", "_").replace("@", "at").replace("'", "")
+            bound = [] if "--strategy" in flags else ["--max-drop", f"{drop:g}", "--confidence", "0.95"]
             command = ["isiwatch", "truncate", str(args.out / "finetuned.pt"), "--out", str(out / f"{name}.pt"),
-                       "--report", str(out / f"{name}.json"), *bound, "--no-progress", *ARMS[arm]]
+                       "--report", str(out / f"{name}.json"), *bound, "--no-progress", *flags]
             for stale in (out / f"{name}.pt", out / f"{name}.json"):
                 stale.unlink(missing_ok=True)
             start = time.perf_counter()
             done_run = subprocess.run(command, capture_output=True, text=True)
-            row: dict[str, Any] = {"arm": arm, "max_drop": drop, "flags": ARMS[arm],
+            row: dict[str, Any] = {"arm": arm, "max_drop": drop, "flags": ARMS[arm], "command_flags": flags,
                                    "seconds": round(time.perf_counter() - start, 1), "exit": done_run.returncode,
                                    "last_line": ((done_run.stdout + done_run.stderr).strip().splitlines() or [""])[-1]}
             report_path = out / f"{name}.json"
