@@ -35,11 +35,12 @@ MODES = {"quick": True, "full": False}
 RUNNER = """
 import dataclasses, json, sys, time
 from isiwatch._utils.threads import set_torch_threads
-from isiwatch.cli import demo
+from isiwatch.cli import demo, demo_models
 threads = set_torch_threads()
 if sys.argv[4] == "smoke":
     small = {"depth": 2, "epochs": 1, "cut_budget": 1, "heal_steps": 2}
-    demo.QUICK, demo.FULL = (dataclasses.replace(s, **small) for s in (demo.QUICK, demo.FULL))
+    demo_models.QUICK, demo_models.FULL = (dataclasses.replace(s, **small)
+                                           for s in (demo_models.QUICK, demo_models.FULL))
 begun = time.time()
 summary = demo.run_demo(sys.argv[1], quick=sys.argv[2] == "quick", seed=int(sys.argv[3]), prometheus_port=None,
                         progress=False)

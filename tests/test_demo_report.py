@@ -23,7 +23,7 @@ import isiwatch.cli.demo as demo_module
 from isiwatch import Watch
 from isiwatch._utils.files import write_json
 from isiwatch.cli.commands import main
-from isiwatch.cli.demo import QUICK
+from isiwatch.cli.demo_models import QUICK
 from isiwatch.cli.offline import analysis_record
 from isiwatch.cli.report import read_run, write_report
 from isiwatch.io.data import embedded_digits

@@ -253,10 +253,11 @@ def test_the_demo_finishes_and_says_no_certified_cut(tmp_path, monkeypatch):
     one candidate healed one step) it still finishes, says so, writes its own truncate_report.json for the HTML
     report, and no truncated.pt."""
     import isiwatch.cli.demo as demo_module
+    import isiwatch.cli.demo_models as demo_models
 
-    tiny = demo_module.DemoSettings(depth=2, epochs=1, lr=3e-3, every_n_steps=16, max_drop=1.0, cut_budget=1,
+    tiny = demo_models.DemoSettings(depth=2, epochs=1, lr=3e-3, every_n_steps=16, max_drop=1.0, cut_budget=1,
                                     heal_steps=1, distill=False)
-    monkeypatch.setattr(demo_module, "QUICK", tiny)
+    monkeypatch.setattr(demo_models, "QUICK", tiny)
     lines: list[str] = []
     summary = demo_module.run_demo(tmp_path / "run", quick=True, prometheus_port=None, echo=lines.append,
                                    progress=False)

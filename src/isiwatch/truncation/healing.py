@@ -119,6 +119,7 @@ def train_classifier(
     amp: bool = False,
     max_steps: int | None = None,
     fabric: Fabric | None = None,
+    head_lr: float | None = None,
 ) -> int:
     """AdamW over ``epochs`` of ``images`` and ``labels`` (or the ``(images, labels)`` batches of a DataLoader,
     in its own batch size and order) with a one-cycle or cosine learning-rate schedule; returns the optimizer steps.
@@ -127,7 +128,9 @@ def train_classifier(
     the loss adds KL distillation to its logits. ``schedule="cosine"`` decays ``lr`` to 0 without warm-up
     (for fine-tuning already trained weights). ``amp`` runs forward passes in bfloat16 autocast when the
     model is on a CUDA device (ignored on CPU). ``max_steps`` ends training after that many optimizer
-    steps, with the schedule spanning them. ``on_step(step, loss)`` runs after every optimizer step and may
+    steps, with the schedule spanning them. ``head_lr``: the classifier head's own peak rate (a fresh head on
+    pretrained blocks learns from scratch while the blocks move gently); None: ``lr`` for every parameter.
+    ``on_step(step, loss)`` runs after every optimizer step and may
     return True to stop training.
 
     With ``fabric`` (or a `ShardedLoader`, which carries its Fabric) the model
@@ -149,8 +152,9 @@ def train_classifier(
     total = epochs * steps_per_epoch if max_steps is None else min(epochs * steps_per_epoch, max_steps)
     work, run = model, model
     autocast: contextlib.AbstractContextManager[Any]
+    groups = _rate_groups(model, chosen, lr, head_lr)
     if fabric is None:
-        optimizer = torch.optim.AdamW(chosen, lr=lr, weight_decay=weight_decay)
+        optimizer = torch.optim.AdamW(groups, weight_decay=weight_decay)
         device = next(model.parameters()).device
         autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp and device.type == "cuda")
         backward: Callable[[Tensor], None] = Tensor.backward
@@ -158,14 +162,16 @@ def train_classifier(
         names = {id(p): name for name, p in model.named_parameters()}
         work = copy.deepcopy(model)
         by_name = dict(work.named_parameters())
-        optimizer = torch.optim.AdamW([by_name[names[id(p)]] for p in chosen], lr=lr, weight_decay=weight_decay)
+        optimizer = torch.optim.AdamW([{"params": [by_name[names[id(p)]] for p in group["params"]],
+                                        "lr": group["lr"]} for group in groups], weight_decay=weight_decay)
         run, optimizer = fabric.setup(work, optimizer)
         device, autocast, backward = fabric.device, fabric.autocast(), fabric.backward
         if teacher is not None:
             teacher.to(device)
     scheduler: torch.optim.lr_scheduler.LRScheduler
     if schedule == "onecycle":
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(total, 1))
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=[group["lr"] for group in groups],
+                                                        total_steps=max(total, 1))
     elif schedule == "cosine":
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(total, 1))
     else:
@@ -202,6 +208,17 @@ def train_classifier(
         if fabric is not None:
             model.load_state_dict(_full_state(fabric, run, work))
     return step
+
+
+def _rate_groups(model: nn.Module, chosen: list[nn.Parameter], lr: float,
+                 head_lr: float | None) -> list[dict[str, Any]]:
+    """AdamW's parameter groups: ``chosen`` at ``lr``, or its classifier-head parameters (timm's
+    ``get_classifier()``) at ``head_lr`` and the rest at ``lr``."""
+    if head_lr is None:
+        return [{"params": chosen, "lr": lr}]
+    head = {id(p) for p in model.get_classifier().parameters()}  # type: ignore[operator]
+    return [{"params": [p for p in chosen if id(p) not in head], "lr": lr},
+            {"params": [p for p in chosen if id(p) in head], "lr": head_lr}]
 
 
 def _full_state(fabric: Fabric, run: nn.Module, work: nn.Module) -> dict[str, Tensor]:
