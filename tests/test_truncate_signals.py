@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 from click.testing import CliRunner
+from test_truncate_auto import four_blocks, idle_ckpt  # noqa: F401  (fixtures)
 
 import isiwatch.truncation.writing as writing_module
 from isiwatch.cli.commands import main
 from isiwatch.cli.interrupts import Interrupted
-from test_truncate_auto import four_blocks, idle_ckpt  # noqa: F401  (fixtures)
 
 #: ``isiwatch truncate ARGS`` whose heal number ``HOLD`` (the first argument) waits for a signal instead of
 #: healing, saying so first: the signal lands in the search at a known point (the heals before it finished and
@@ -57,7 +57,8 @@ def scored(report):
             for c in report["search"]["candidates"]]
 
 
-def test_sigterm_keeps_the_journal_says_so_in_one_line_and_resume_continues_the_search(idle_ckpt, tmp_path):
+def test_sigterm_keeps_the_journal_says_so_in_one_line_and_resume_continues_the_search(idle_ckpt,  # noqa: F811
+                                                                                       tmp_path):
     reference = tmp_path / "reference"
     result = CliRunner().invoke(main, ["truncate", str(idle_ckpt), "--out", str(reference / "cut.pt"), *SEARCH,
                                        "--report", str(reference / "report.json")])
@@ -89,7 +90,7 @@ def test_sigterm_keeps_the_journal_says_so_in_one_line_and_resume_continues_the_
     assert out.exists()
 
 
-def test_sigint_before_any_finished_candidate_leaves_nothing_and_exits_130(idle_ckpt, tmp_path):
+def test_sigint_before_any_finished_candidate_leaves_nothing_and_exits_130(idle_ckpt, tmp_path):  # noqa: F811
     status, output = stopped(signal.SIGINT, 1, idle_ckpt, "--out", tmp_path / "cut.pt", *SEARCH)
     assert status == 130, output
     assert output.strip().splitlines()[-1] == ("SIGINT: stopped before the search finished a candidate; nothing "
@@ -98,7 +99,8 @@ def test_sigint_before_any_finished_candidate_leaves_nothing_and_exits_130(idle_
     assert list(tmp_path.iterdir()) == []  # the journal held nothing to resume: removed
 
 
-def test_a_signal_between_the_two_outputs_leaves_neither_and_the_handlers_are_restored(idle_ckpt, tmp_path,
+def test_a_signal_between_the_two_outputs_leaves_neither_and_the_handlers_are_restored(idle_ckpt,  # noqa: F811
+                                                                                      tmp_path,
                                                                                       monkeypatch):
     """A signal after the model was written and before the report was: the run wrote nothing (one new output
     without the other would pass for a finished run). The command's handlers are its own: afterwards the

@@ -27,9 +27,9 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
         self.name = signal.Signals(signum).name
 
-    #: The exit status of a process a signal ended, as shells report it: 128 + the signal's number.
     @property
     def status(self) -> int:
+        """The exit status of a process this signal ended, as shells report it: 128 + the signal's number."""
         return 128 + int(signal.Signals[self.name])
 
 
