@@ -23,7 +23,7 @@ SLOW_FILES = {
     "test_truncate_auto.py", "test_integrations_distributed.py", "test_readme_claims.py", "test_gpu_check.py",
     "test_results_report.py", "test_integrations_transformers.py", "test_deploy_e2e.py",
     "test_integrations_lightning.py", "test_integrations_timm.py", "test_probes.py", "test_specialize_cli.py",
-    "test_integrations_compile.py", "test_faults.py", "test_truncate_fabric.py",
+    "test_integrations_compile.py", "test_faults.py", "test_truncate_fabric.py", "test_truncate_signals.py",
 }
 
 

@@ -462,8 +462,8 @@ def test_the_truncation_section_tells_the_terminals_story_with_a_full_candidates
     """The depth story, the dropped blocks' reason and the sequence line as on the terminal; the candidates with
     their repair, what chose it, validation images, drop, upper bound and verdict; the caption says the bound, not
     the observed drop, decides; no resumed column unless one was resumed."""
-    from isiwatch.cli.truncation_section import truncation_section
     from isiwatch.truncation.explain import story_lines
+    from isiwatch.truncation.report_html import truncation_section
 
     report = truncation_report()
     section = html.unescape(truncation_section(report))

@@ -114,7 +114,7 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
 def test_the_graph_is_read_from_the_real_imports():
     graph = import_graph()
     assert {"isiwatch.io.checkpoint", "isiwatch.specialization.convert"} <= graph["isiwatch.io.models"]
-    assert "isiwatch.truncation.truncate_report" in graph["isiwatch.cli.truncation_section"]
+    assert "isiwatch.truncation.truncate_report" in graph["isiwatch.truncation.report_html"]
     assert "isiwatch.measure.analysis" in graph["isiwatch.cli.offline"]
     assert "isiwatch.watch.monitor" in graph["isiwatch.integrations.common"]
 

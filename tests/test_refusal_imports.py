@@ -33,7 +33,9 @@ def refusal(*args: str) -> tuple[str, str]:
     (["demo", "--out", "{file}/sub"], "cannot be written"),
     (["analyze", "{missing}/model.pt"], "no such checkpoint"),
     (["truncate", "{missing}/model.pt", "--out", "{tmp}/out.pt"], "no such checkpoint"),
-], ids=["deploy", "report", "specialize", "demo", "analyze", "truncate"])
+    (["truncate", "{missing}/model.pt", "--out", "{tmp}/out.pt", "--report", "{tmp}/r.txt"],
+     "--report {tmp}/r.txt: the extension .txt names no report format"),
+], ids=["deploy", "report", "specialize", "demo", "analyze", "truncate", "truncate-report"])
 def test_refusals_that_need_no_model_do_not_import_torch(tmp_path, args, error):
     full = tmp_path / "full"
     full.mkdir()
@@ -41,5 +43,5 @@ def test_refusals_that_need_no_model_do_not_import_torch(tmp_path, args, error):
     (tmp_path / "file").write_text("")
     names = {"full": full, "missing": tmp_path / "missing", "tmp": tmp_path, "file": tmp_path / "file"}
     message, probe = refusal(*(a.format(**names) for a in args))
-    assert message.startswith("Error: ") and error in message
+    assert message.startswith("Error: ") and error.format(**names) in message
     assert probe == "exit 1 torch not imported"

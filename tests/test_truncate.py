@@ -167,7 +167,7 @@ def test_foreign_corrupt_and_self_overwriting_inputs_are_refused(timm_ckpt, tmp_
 
 
 @pytest.mark.parametrize("names, message", [
-    (("--out", "o.pt", "--report", "o.pt"), "--report names the same file as the output --out"),
+    (("--out", "o.json", "--report", "o.json"), "--report names the same file as the output --out"),
     (("--out", "o.pt", "--analysis", "o.pt"), "--out names the same file as the input --analysis"),
     (("--out", "a.json", "--analysis", "a.json", "--report", "r.json"), "--out names the same file as the input"),
     (("--out", "o.pt", "--analysis", "a.json", "--report", "a.json"), "--report names the same file as the input"),
@@ -181,6 +181,47 @@ def test_every_output_path_differs_from_the_inputs_and_the_other_outputs(timm_ck
     assert result.exit_code == 1 and message in result.output, result.output
     assert result.output.strip().count("\n") == 0
     assert {p.name: digest(p) for p in tmp_path.iterdir()} == before  # nothing written, nothing changed
+
+
+def test_report_naming_the_input_by_a_hard_link_is_refused_before_any_work(timm_ckpt, tmp_path):
+    path, _ = timm_ckpt
+    before = digest(path)
+    link = tmp_path / "link.json"
+    os.link(path, link)  # another name for the checkpoint, with an extension --report takes
+    result = run("truncate", path, "--keep", 2, "--strategy", "tail", "--out", tmp_path / "o.pt", "--report", link)
+    assert result.exit_code == 1 and "--report names the same file as the input checkpoint" in result.output
+    assert result.output.strip().count("\n") == 0 and digest(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-9.pth.tar", "link.json"]
+
+
+def test_report_writes_the_format_its_extension_names(timm_ckpt, tmp_path):
+    """``--report r.json`` is the report as JSON; ``--report r.html`` the truncation's page, as ``isiwatch
+    report`` shows it, on its own (it wrote JSON into r.html before)."""
+    path, _ = timm_ckpt
+    common = ("truncate", path, "--keep", 2, "--strategy", "tail", "--epochs", 0, "--images", 64, "--out",
+              tmp_path / "o.pt")
+    assert run(*common, "--report", tmp_path / "r.json").exit_code == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    result = run(*common, "--report", tmp_path / "r.HTML")
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "r.HTML").read_text()
+    assert page.startswith("<!doctype html>") and page.endswith("</html>")
+    assert f"<title>isiwatch truncate: {path}</title>" in page
+    from isiwatch.truncation.report_html import truncation_section
+    assert truncation_section(report).split("<table>")[0] in page  # the section isiwatch report draws
+    assert "strategy tail, kept blocks [0, 1], 0 healing steps" in page
+
+
+@pytest.mark.parametrize("name", ["r.txt", "r", "r.json.gz"])
+def test_a_report_extension_that_names_no_format_is_refused_in_one_line_before_any_work(timm_ckpt, tmp_path, name):
+    path, _ = timm_ckpt
+    result = run("truncate", path, "--keep", 2, "--strategy", "tail", "--out", tmp_path / "o.pt",
+                 "--report", tmp_path / name)
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().count("\n") == 0
+    assert f"Error: --report {tmp_path / name}: " in result.output
+    assert "names no report format; give a path ending in .json (JSON) or .html (HTML)" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-9.pth.tar"]
 
 
 def test_auto_tries_the_registry_entries_with_an_auto_rank_in_rank_order():

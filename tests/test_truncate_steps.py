@@ -32,6 +32,7 @@ def ckpt(tmp_path_factory):
     ({"fmt": "zip"}, "unknown format 'zip'"),
     ({"budget": 0}, "budget must be at least 1"),
     ({"images": 3}, "images at least 4"),
+    ({"report": "r.md"}, "report r.md: the extension .md names no report format; give a path ending in .json"),
 ])
 def test_request_refuses_impossible_options_without_touching_files(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):

@@ -1,4 +1,5 @@
-"""The HTML elements the report page is built from: a table, an embedded figure, a definition list of state words.
+"""The HTML elements the report page is built from besides the table (``isiwatch._utils.html_page``): an embedded
+figure, a definition list of state words.
 
 Every text goes through ``html.escape``, so a run's names and messages cannot break the page.
 """
@@ -7,23 +8,10 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..measure.vocabulary import VOCABULARY
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A table of ``rows`` under ``header``; floats with three decimals, a non-finite one as "–"."""
-    def cell(v: object) -> str:
-        if isinstance(v, float):
-            return "–" if not math.isfinite(v) else f"{v:.3f}"
-        return html.escape(str(v))
-
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def figure(path: Path, alt: str) -> str:

@@ -9,12 +9,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._utils.html_page import document, table
 from ..measure.metric_table import METRIC_TABLE
 from ..measure.tables import analysis_rows, recommendation_text
 from ..measure.vocabulary import PHASES, legend, plateau_name
-from .html_blocks import definitions, figure, table
+from ..truncation.report_html import truncation_section
+from .html_blocks import definitions, figure
 from .run_records import RunRecords, depth_recommendation
-from .truncation_section import truncation_section
 
 
 def _episodes(alerts: list[dict[str, Any]], kind: str) -> str:
@@ -71,14 +72,6 @@ def _glossary(columns: Sequence[str]) -> str:
     return f'<dl class="glossary">{items}</dl>'
 
 
-STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
-h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}
-.warning{background:#fff4dc;border-left:4px solid #d08a00;padding:4px 8px}
-th{background:#f4f4f4}img{max-width:100%;border:1px solid #eee}figure{margin:.8em 0}
-dl.glossary{display:grid;grid-template-columns:max-content auto;gap:2px 12px}dl.glossary dt{font-weight:600}
-dl.glossary dd{margin:0}"""
-
 #: Records in the DOM how many images decoded and the size each is shown at (CSS px, "alt:WxH;..."), so a headless
 #: browser can verify the page.
 CHECK_SCRIPT = """<script>window.addEventListener('load',function(){var n=0,sizes=[];
@@ -112,6 +105,5 @@ def page(records: RunRecords, plots: dict[str, Path]) -> str:
               if alerts else "<p>No alerts.</p>"]
     if records.truncation:
         parts += ["<h2>Truncation</h2>", truncation_section(records.truncation)]
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>isiwatch report</title>'
-            f"<style>{STYLE}</style></head><body>{''.join(parts)}{CHECK_SCRIPT}</body></html>")
+    return document("isiwatch report", "".join(parts) + CHECK_SCRIPT)
 

@@ -18,7 +18,7 @@ from .._utils.state import is_number
 from ..io.checkpoint import sha256_of
 from ..measure.analysis import Analysis
 from ..measure.tables import analysis_rows
-from .truncation_section import truncation_section
+from ..truncation.report_html import truncation_section
 
 
 @dataclass

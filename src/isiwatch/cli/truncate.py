@@ -1,19 +1,28 @@
 """``isiwatch truncate``: the command over [`truncate`][isiwatch.truncate]. Its options are ``truncate``'s keyword
 options under the same names (`TruncateOptions`, whose defaults they show) and are passed on as they are; the
 command adds only what a command line needs: ``--dataset`` and its splits, ``--no-ema``, ``--device auto``, the
-journal beside ``--out`` and its own exit status when nothing was certified (`NO_CERTIFIED_CUT`)."""
+journal beside ``--out``, its own exit status when nothing was certified (`NO_CERTIFIED_CUT`) and an answer to
+SIGTERM and SIGINT (`_interrupted_line`; exit 128 + the signal's number)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from .._utils.option_error import OptionError
+from .._utils.wording import counted
 from ..truncation.engine import DIST_STRATEGIES, PRECISIONS  # choices; lightning loads lazily
-from ..truncation.options import OPTION_DEFAULTS  # option defaults, from modules free of torch and timm
+from ..truncation.journal import finished_candidates, journal_path
+from ..truncation.options import OPTION_DEFAULTS, REPORT_FORMATS, report_format  # free of torch and timm
 from ..truncation.strategies import BRIDGE_METHODS, DEFAULT_STRATEGY, STRATEGIES
 from . import shared
+from .interrupts import Interrupted, raising_interrupts
+
+if TYPE_CHECKING:
+    from ..truncation.truncate import TruncateResult
 
 __all__ = ["NO_CERTIFIED_CUT", "truncate"]
 
@@ -28,7 +37,9 @@ def _python_default(name: str) -> dict[str, Any]:
 
 @click.command(epilog=f"Exit status: 0 a cut was written; 1 bad input or an error (one line, nothing written); "
                      f"{NO_CERTIFIED_CUT} auto certified no cut (no model written, --report still written; the last "
-                     "line says what --max-drop or how many validation images would certify the nearest candidate).")
+                     "line says what --max-drop or how many validation images would certify the nearest candidate); "
+                     "143 SIGTERM, 130 SIGINT (one line says what was kept: auto's journal resumes with --resume; "
+                     "nothing else written).")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Where to write the truncated checkpoint (a new directory for a Hugging Face model).")
@@ -98,7 +109,10 @@ def _python_default(name: str) -> dict[str, Any]:
 @click.option("--images", type=click.IntRange(min=4), **_python_default("images"),
               help="Images for the analysis and the block scores.")
 @click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), **_python_default("fmt"))
-@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help="Also write the report as JSON.")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Also write the report, in the format the extension names: "
+                   + ", ".join(f"{k} {v}" for k, v in REPORT_FORMATS.items())
+                   + " (a self-contained page, the truncation as isiwatch report shows it).")
 @shared.ARCH
 @click.option("--num-heads", type=click.IntRange(min=1),
               help="Attention heads, for a checkpoint that records neither them nor an architecture.")
@@ -138,30 +152,37 @@ def truncate(checkpoint: Path, out: Path, dataset: str | None, train_split: str,
               if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
     if splits and dataset is None:
         raise click.UsageError("--train-split and --val-split name the splits of a --dataset")
+    flags = {p.name: p.opts[0] for p in ctx.command.params if p.name}
+    try:
+        if options["report"] is not None:
+            report_format(options["report"])
+    except OptionError as exc:
+        raise click.ClickException(exc.worded(flags)) from None
     hugging_face = checkpoint.is_dir()  # a save_pretrained directory: --out is a new directory
     existing = shared.check_paths({"": checkpoint},
                                   files={"--report": options["report"], **({} if hugging_face else {"--out": out})},
                                   folders={"--out": out} if hugging_face else {})  # before torch and timm: seconds
-    from .._utils.option_error import OptionError
-    from ..io.timm_data import TimmDataset
-    from ..truncation.explain import story_lines
-    from ..truncation.journal import journal_path
-    from ..truncation.truncate import candidates_table, report_table
-    from ..truncation.truncate import truncate as truncate_model
-    from ..truncation.truncate_report import no_cut_line, verdict_line
-
-    if dataset is not None:
-        options["data"], options["eval_data"] = (TimmDataset(dataset, options["data"], train_split),
-                                                 TimmDataset(dataset, options["eval_data"] or options["data"],
-                                                             val_split))
-    try:
-        result = truncate_model(checkpoint, out, journal=journal_path(out) if auto else None, prefer_ema=not no_ema,
-                                device=shared.resolve_device(device), progress=shared.progress_shown(progress),
-                                echo=click.echo, **options)
-    except OptionError as exc:  # worded with this command's flags (--keep K), not Python's parameters (keep=K)
-        raise click.ClickException(exc.worded({p.name: p.opts[0] for p in ctx.command.params if p.name})) from None
+    outputs = [p for p in (out, options["report"]) if p is not None]
+    before = {p for p in outputs if p.exists()}
+    journal = journal_path(out) if auto else None
+    with raising_interrupts():
+        try:
+            result = _run(checkpoint, out, None if dataset is None else (dataset, train_split, val_split), device,
+                          progress, flags, {**options, "journal": journal, "prefer_ema": not no_ema})
+        except Interrupted as exc:
+            for path in outputs:  # one of two outputs written when the signal came: neither stays
+                if path not in before and path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                elif path not in before:
+                    path.unlink(missing_ok=True)
+            click.echo(_interrupted_line(exc.name, journal), err=True)
+            ctx.exit(exc.status)
     if not result.writer:  # another process of a distributed run prints and writes
         return
+    from ..truncation.explain import story_lines
+    from ..truncation.truncate import candidates_table, report_table
+    from ..truncation.truncate_report import no_cut_line, verdict_line
+
     click.echo(shared.inputs_line(result.report["weights"], result.report["normalization"]))
     click.echo("images: " + "; ".join(f"{part} {d['images']} of {d['of']} in {d['source']}"
                                       for part, d in result.report["data"].items()))
@@ -180,3 +201,33 @@ def truncate(checkpoint: Path, out: Path, dataset: str | None, train_split: str,
     if not result.cut:
         click.echo(no_cut_line(result.report))
         ctx.exit(NO_CERTIFIED_CUT)
+
+
+def _run(checkpoint: Path, out: Path, splits: tuple[str, str, str] | None, device: str, progress: bool | None,
+         flags: dict[str, str], options: dict[str, Any]) -> TruncateResult:
+    """Read, cut, heal and write, as [`truncate`][isiwatch.truncate] does (``splits``: ``--dataset`` with its
+    training and validation splits); torch and timm load here."""
+    from ..io.timm_data import TimmDataset
+    from ..truncation.truncate import truncate as truncate_model
+
+    if splits is not None:
+        dataset, train_split, val_split = splits
+        options["data"], options["eval_data"] = (TimmDataset(dataset, options["data"], train_split),
+                                                 TimmDataset(dataset, options["eval_data"] or options["data"],
+                                                             val_split))
+    try:
+        return truncate_model(checkpoint, out, device=shared.resolve_device(device),
+                              progress=shared.progress_shown(progress), echo=click.echo, **options)
+    except OptionError as exc:  # worded with this command's flags (--keep K), not Python's parameters (keep=K)
+        raise click.ClickException(exc.worded(flags)) from None
+
+
+def _interrupted_line(signal: str, journal: Path | None) -> str:
+    """The one line ``isiwatch truncate`` prints when ``signal`` (SIGTERM, SIGINT) stopped it: what was kept (the
+    ``auto`` search's ``journal`` when it holds a finished candidate) and how to go on."""
+    finished = 0 if journal is None else finished_candidates(journal)
+    if finished:
+        return (f"{signal}: stopped; kept the search journal {journal} ({counted(finished, 'finished candidate')}) "
+                "and wrote nothing else; run the same command with --resume to continue the search from it")
+    before = "the search finished a candidate" if journal is not None else "the cut was written"
+    return f"{signal}: stopped before {before}; nothing was written; run the same command to start again"

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from .._utils.wording import points
+from .._utils.wording import counted, points
 from ..io.timm_data import first_images
 from .confidence import SearchGuarantee
 from .healing import predict
@@ -81,6 +81,9 @@ def auto_cut(plan: TruncationPlan) -> AutoCut:
     scorer = CandidateScorer(depth, plan.inputs, repair, guarantee.rule, uncut_correct, full, plan.heal,
                              (split.val_x, split.val_y))
     journal = SearchJournal(r.journal, _search_header(plan, guarantee, uncut_correct), resume=r.resume)
+    if journal.finished:
+        finished = counted(len(journal.finished), "finished candidate")
+        plan.say(f"resuming the search journalled in {r.journal}: {finished} taken from it, not healed again")
     progress = SearchProgress(r.budget * full, r.budget, r.progress, plan.say if plan.speaks else None)
     search = CutSearch(depth, guarantee, r.budget, scorer.blocks_for, scorer.score, journal=journal,
                        progress=progress)
@@ -89,6 +92,10 @@ def auto_cut(plan: TruncationPlan) -> AutoCut:
         model = _winner_model(search, winner, scorer)
     except ValueError:  # a refusal (an interrupted or crashed search keeps its journal to resume from)
         journal.discard()
+        raise
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under the command line: nothing finished, nothing to resume
+        if not journal.finished:
+            journal.discard()
         raise
     finally:
         progress.close()

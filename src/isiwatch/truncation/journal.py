@@ -17,12 +17,34 @@ from typing import Any
 
 from .._utils.option_error import OptionError
 
-__all__ = ["SearchJournal", "journal_path"]
+__all__ = ["SearchJournal", "finished_candidates", "journal_path"]
 
 
 def journal_path(out: Path) -> Path:
     """Where the journal of a search writing ``out`` lives: beside it, ``OUT.search.jsonl``."""
     return out.with_name(out.name + ".search.jsonl")
+
+
+def _records(lines: list[str]) -> list[dict[str, Any]]:
+    """The candidates of a journal's lines after its first, without the line a kill cut short."""
+    records = []
+    for line in lines[1:]:
+        try:
+            records.append(json.loads(line))
+        except ValueError:  # the line a kill cut short
+            continue
+    return records
+
+
+def finished_candidates(path: Path) -> int:
+    """How many finished candidates the journal at ``path`` holds, that a resumed search will not heal again (0:
+    no journal there, or one that is not a journal)."""
+    try:
+        lines = path.read_text().splitlines()
+        json.loads(lines[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return len(_records(lines))
 
 
 class SearchJournal:
@@ -54,11 +76,7 @@ class SearchJournal:
         if differs:
             raise OptionError("{resume}: {path} journals a different search ({keys} differ); remove it or drop "
                               "{resume}", path=self.path, keys=", ".join(differs))
-        for line in lines[1:]:
-            try:
-                record = json.loads(line)
-            except ValueError:  # the line a kill cut short
-                continue
+        for record in _records(lines):
             self.finished[tuple(record["kept_blocks"])] = record
 
     def _append(self, record: dict[str, Any], mode: str = "a") -> None:
@@ -69,7 +87,8 @@ class SearchJournal:
             os.fsync(f.fileno())
 
     def discard(self) -> None:
-        """Remove the journal this run started (a refused run leaves none); one it resumed stays."""
+        """Remove the journal this run started (a refused run, or one interrupted before it finished a candidate,
+        leaves none); one it resumed stays."""
         if self.path is not None and self.created:
             self.path.unlink(missing_ok=True)
 

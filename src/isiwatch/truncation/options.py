@@ -12,12 +12,27 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .._utils.option_error import OptionError
 from .strategies import DEFAULT_BRIDGE, DEFAULT_BUDGET, DEFAULT_CONFIDENCE, DEFAULT_MAX_DROP, HEAL_EPOCHS
 
 if TYPE_CHECKING:
     from .data_split import Data
 
-__all__ = ["OPTION_DEFAULTS", "TruncateOptions"]
+__all__ = ["OPTION_DEFAULTS", "REPORT_FORMATS", "TruncateOptions", "report_format"]
+
+#: What ``report`` writes, by the extension of its name: the report as JSON, or as a self-contained HTML page.
+REPORT_FORMATS = {".json": "JSON", ".html": "HTML"}
+
+
+def report_format(path: Path) -> str:
+    """The format ``report`` writes to ``path`` (a key of `REPORT_FORMATS`, by its extension in any case); any other
+    extension is refused in one line (an `OptionError`), before any file is read."""
+    suffix = path.suffix.lower()
+    if suffix not in REPORT_FORMATS:
+        named = f"the extension {suffix}" if suffix else "no extension"
+        raise OptionError("{report} {path}: {named} names no report format; give a path ending in "
+                          + " or ".join(f"{k} ({v})" for k, v in REPORT_FORMATS.items()), path=path, named=named)
+    return suffix
 
 
 @dataclass(kw_only=True)
@@ -45,7 +60,7 @@ class TruncateOptions:
     metric: str | None = None
     images: int = 1000
     fmt: str = "pt"
-    report: Path | None = None
+    report: Path | None = None  # its extension says the format: REPORT_FORMATS
     arch: str | None = None
     num_heads: int | None = None
     prefer_ema: bool = True

@@ -13,7 +13,7 @@ from .._utils.files import file_identity
 from .._utils.option_error import OptionError
 from .data_split import NAMED
 from .engine import FabricOptions
-from .options import TruncateOptions
+from .options import TruncateOptions, report_format
 from .strategies import DEFAULT_STRATEGY, check_search_options, get_strategy
 
 __all__ = ["TruncateRequest"]
@@ -50,6 +50,8 @@ class TruncateRequest(TruncateOptions):
         elif self.keep is not None:
             raise OptionError("{keep} fixes the depth; it cannot be combined with {strategy:'auto'}")
         check_search_options(self.max_drop, self.budget, self.confidence, self.heal_steps, self.bridge)
+        if self.report is not None:
+            report_format(self.report)
         if self.resume and self.journal is None:
             raise OptionError("{resume} continues the search journalled in {journal}; give one (the command line "
                               "keeps it beside {out})")

@@ -52,7 +52,7 @@ __all__ = ["STRATEGIES", "Data", "Execution", "Split", "TruncateRequest", "Trunc
 
 @dataclass
 class TruncateResult:
-    """The truncated model, the report dict (also written as JSON with ``report=``), the written paths and whether
+    """The truncated model, the report dict (also written with ``report=``), the written paths and whether
     this process is the one that writes (process 0 of a distributed run). ``cut`` is False when ``auto``
     certified no cut: ``model`` is then the uncut model, no model file was written (the report was, when asked
     for), and ``report["search"]`` says why (``message``) and what would certify the nearest candidate
@@ -162,7 +162,8 @@ def truncate(
         metric: The curve whose plateau ``plateau`` cuts (default: the analysis's, else token_similarity).
         images: Healing images the analysis, the block scores and the bridge are measured on.
         fmt: Checkpoint format of ``out``: ``"pt"`` or ``"safetensors"``.
-        report: Also write the report as JSON here.
+        report: Also write the report here, in the format its extension names: ``.json`` (JSON) or ``.html``
+            (a self-contained page, the Truncation section of ``isiwatch report``'s page); another is refused.
         arch: timm architecture of a checkpoint that records none (default: inferred).
         num_heads: Attention heads of a checkpoint that records neither them nor an architecture.
         prefer_ema: Read a checkpoint's ``state_dict_ema`` when it has one.

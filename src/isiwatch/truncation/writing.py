@@ -1,19 +1,22 @@
-"""The last stage of ``truncate``: `write` writes the healed model and the report, each when asked for, from process
-0 only, atomically and only after everything else succeeded."""
+"""The last stage of ``truncate``: `write` writes the healed model and the report (JSON or an HTML page, as its
+extension says), each when asked for, from process 0 only, atomically and only after everything else succeeded."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import timm
 
-from .._utils.files import write_json
+from .._utils.files import atomic_write, write_json
 from ..io.checkpoint import save_checkpoint
 from ..io.pretrained_dir import save_pretrained_dir
 from .execution import Execution
+from .options import report_format
 from .plan import TruncationPlan
 from .record import certified, cut_model_kwargs
+from .report_html import truncation_page
 
 __all__ = ["write"]
 
@@ -29,8 +32,19 @@ def write(plan: TruncationPlan, execution: Execution, result: dict[str, Any]) ->
     if r.out is not None and certified(result):
         paths.append(_write_model(plan, execution, result, r.out))
     if r.report is not None:
-        paths.append(write_json(r.report, result))
+        paths.append(_write_report(r.report, result))
     return paths
+
+
+def _write_report(path: Path, result: dict[str, Any]) -> Path:
+    """The report in the format ``path``'s extension names (`report_format`): JSON, or a self-contained HTML page of
+    the truncation (`truncation_page`, the Truncation section of ``isiwatch report``'s page on its own)."""
+    if report_format(path) == ".json":
+        return write_json(path, result)
+    as_read = json.loads(json.dumps(result))  # as isiwatch report reads it back from truncate_report.json
+    with atomic_write(path) as fh:
+        fh.write(truncation_page(as_read).encode("utf-8"))
+    return path
 
 
 def _write_model(plan: TruncationPlan, execution: Execution, result: dict[str, Any], out: Path) -> Path:

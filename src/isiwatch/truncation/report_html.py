@@ -1,5 +1,7 @@
-"""The report's Truncation section: the cut ``truncate_report.json`` records, its depth story, and the candidates
-``auto`` tested with the rule they were held to, in the terminal's words (`isiwatch.truncation.truncate_report`)."""
+"""A truncation in HTML: the cut ``truncate_report.json`` records, its depth story, and the candidates ``auto``
+tested with the rule they were held to, in the terminal's words (`isiwatch.truncation.truncate_report`); the
+Truncation section of ``isiwatch report``'s page (`truncation_section`) and, on its own, the page ``truncate``
+writes for ``report="PAGE.html"`` (`truncation_page`)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,11 @@ import html
 from typing import Any
 
 from .._utils import wording
+from .._utils.html_page import document, table
 from .._utils.state import is_number as _number
-from ..truncation.explain import depth_story, dropped_line, judged, sequence_line
-from ..truncation.strategies import STRATEGIES
-from ..truncation.truncate_report import (
+from .explain import depth_story, dropped_line, judged, sequence_line
+from .strategies import STRATEGIES
+from .truncate_report import (
     REPAIRS,
     choice_cell,
     latency_cell,
@@ -18,7 +21,8 @@ from ..truncation.truncate_report import (
     report_rows,
     verdict_line,
 )
-from .html_blocks import table
+
+__all__ = ["truncation_page", "truncation_section"]
 
 #: Columns of the truncation candidates table, with the candidate field each reads (dotted: nested); a column no
 #: candidate has (a report written before it existed) is left out.
@@ -137,3 +141,10 @@ def truncation_section(report: dict[str, Any]) -> str:
                  f"{html.escape(held_out)} (split and size in its header) and agreement of the top-1 prediction "
                  "with the uncut model; val: validation accuracy.</p>")
     return "".join(parts)
+
+
+def truncation_page(report: dict[str, Any]) -> str:
+    """A self-contained page of one truncation: `truncation_section` under the source checkpoint's name."""
+    source = str(report.get("source", {}).get("checkpoint", ""))
+    title = f"isiwatch truncate: {source}" if source else "isiwatch truncate"
+    return document(title, f"<h1>{html.escape(title)}</h1>{truncation_section(report)}")
