@@ -15,7 +15,8 @@ from ..measure.vocabulary import VOCABULARY
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A table of ``rows`` under ``header``; floats with three decimals, a non-finite one as "–"."""
+    """A table of ``rows`` under ``header``; floats with three decimals, a non-finite one as "–". It sits in its own
+    box, which scrolls sideways if the table is ever wider than the page's column: the page itself never does."""
     def cell(v: object) -> str:
         if isinstance(v, float):
             return "–" if not math.isfinite(v) else f"{v:.3f}"
@@ -23,7 +24,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="table-box"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def figure(path: Path, alt: str) -> str:
