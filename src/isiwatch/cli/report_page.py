@@ -72,7 +72,8 @@ def _summary(records: RunRecords) -> str:
     if records.truncation:  # the validated counterpart, reconciled with it in the Truncation section
         kept, depth = len(records.truncation["kept_blocks"]), records.truncation["cost"]["uncut"]["blocks"]
         rows.append(["truncation (validated cut)", f"{kept} of {depth} blocks, {records.truncation['strategy']}"])
-    rows.append(["median sample cost", f"{statistics.median(s['duration_s'] for s in records.samples):.3f} s"])
+    duration = statistics.median(s["duration_s"] for s in records.samples)
+    rows.append(["median sample duration (probe pass and metrics)", f"{duration:.3f} s"])
     return table(["", ""], rows) + definitions([*([plateau_name(span)] if span else []), "plateau_onset",
                                                 "slow_start", "open", "cleared"])
 
