@@ -35,3 +35,16 @@ def test_every_result_is_indexed():
                if p.parent.name != "analyses"}
     missing = sorted(r for r in results if r not in INDEX and r.removeprefix("results/") not in INDEX)
     assert not missing, f"benchmarks/README.md does not say which script writes: {missing}"
+
+
+def test_the_profiler_example_in_the_docs_is_the_script_s_with_the_table_it_recorded():
+    """docs/monitor.md shows benchmarks/profiler_table.py's example as the script runs it, and the table it printed
+    (tests/test_readme_snippets.py runs the example too)."""
+    import json
+    import runpy
+
+    snippet = runpy.run_path(str(BENCH / "profiler_table.py"), run_name="profiler_table")["SNIPPET"]
+    record = json.loads((BENCH / "results" / "profiler" / "profiler_table.json").read_text())
+    page = (ROOT / "docs" / "monitor.md").read_text()
+    assert record["snippet"] == snippet and f"```python\n{snippet}\n```" in page
+    assert " isiwatch.sample " in record["table"] and f"```text\n{record['table']}\n```" in page

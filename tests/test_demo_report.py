@@ -477,7 +477,7 @@ def test_the_truncation_section_tells_the_terminals_story_with_a_full_candidates
     rows = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(<td>.*?)</tr>", section.split(
         "<h3>Candidates</h3>")[1])]
     winner = next(row for row in rows if row[-1] == "winner")
-    assert winner[:11] == ["healed", "cut 8.10 / bridged 5.60", "bi", "9", "0,1,2,3,4,5,6,7,8", "64", "500",
+    assert winner[:11] == ["healed", "cut 8.10 / bridged 5.60", "bi", "9", "0–8", "64", "500",
                            "0.850", "0.870", "-0.20", "2.34"]
     assert rows[-1][0] == "healed" and rows[-1][-1] == "outside the bound: the sequence stops"
     assert "the bound decides, not the observed drop" in section and "upper 95 % confidence bound" in section

@@ -513,13 +513,17 @@ def test_the_overhead_series_reach_tensorboard_jsonl_and_prometheus(digits, tmp_
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
     assert [e.step for e in acc.Scalars("isiwatch/overhead/ratio")] == [4, 6]
-    assert [e.step for e in acc.Scalars("isiwatch/overhead/sample_seconds")] == [2, 4, 6]
+    assert [e.step for e in acc.Scalars("isiwatch/overhead/seconds")] == [2, 4, 6]  # as isiwatch_overhead_seconds
+    assert [e.value for e in acc.Scalars("isiwatch/sample_duration_seconds")] == pytest.approx(
+        [s.duration_s for s in samples])  # the other concept, under its own name in both exporters
+    assert not [tag for tag in acc.Tags()["scalars"] if "sample_seconds" in tag]
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["overhead_ratio"] for r in lines] == [None, samples[1].overhead_ratio, samples[2].overhead_ratio]
     assert all(r["overhead_s"] > 0 for r in lines)
     text = generate_latest(registry).decode()
     assert f'isiwatch_overhead_ratio{{run="cost"}} {samples[-1].overhead_ratio!r}' in text
     assert 'isiwatch_overhead_seconds{run="cost"}' in text
+    assert 'isiwatch_sample_duration_seconds_count{run="cost"} 3.0' in text
 
 
 def test_probe_every_runs_the_linear_probes_on_every_kth_sample_only(digits):

@@ -12,7 +12,7 @@ from typing import Any
 from .._utils.html_page import document, table
 from ..measure.metric_table import METRIC_TABLE
 from ..measure.tables import analysis_rows, recommendation_text
-from ..measure.vocabulary import PHASES, legend, plateau_name
+from ..measure.vocabulary import ACTIONS, PHASES, legend, plateau_name
 from ..truncation.report_html import truncation_section
 from .html_blocks import definitions, figure
 from .run_records import RunRecords, depth_recommendation
@@ -30,18 +30,41 @@ def _episodes(alerts: list[dict[str, Any]], kind: str) -> str:
     return "; ".join(parts) or "none"
 
 
+def open_at_the_end(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records that opened an episode no ``<kind>_cleared`` record closed after them (action records, which
+    open none, aside), in the order they opened."""
+    opened: dict[str, dict[str, Any]] = {}
+    for alert in alerts:
+        kind = alert["kind"]
+        if kind.endswith("_cleared"):
+            opened.pop(kind.removesuffix("_cleared"), None)
+        elif kind not in ACTIONS:
+            opened.pop(kind, None)  # a kind opened again: its latest opening is the one still open
+            opened[kind] = alert
+    return list(opened.values())
+
+
+def run_name(records: RunRecords) -> str:
+    """The run's name as its records give it (each name once, in order, when the folder holds several runs); the
+    folder's name only when no record names one."""
+    names = dict.fromkeys(str(r["run"]) for r in [*records.samples, *records.alerts] if r.get("run"))
+    return ", ".join(names) or records.run_dir.name
+
+
 def _summary(records: RunRecords) -> str:
-    """The run at a glance: its steps, the flat stretch, the alert episodes, both depth recommendations and the
-    validated cut, with the state words defined."""
+    """The run at a glance: its steps, the flat stretch, the alert episodes and those still open at the end (with
+    their messages), both depth recommendations and the validated cut, with the state words defined."""
     first, last = records.samples[0], records.samples[-1]
     ph = last.get("phases")
     span = tuple(ph["plateau"]) if ph else None
-    rows = [["run", last.get("run", "")], ["samples", len(records.samples)],
-            ["steps", f"{first['step']} – {last['step']}"],
-            ["flat stretch at the last sample",
-             f"{plateau_name(span)}, blocks {span[0]}–{span[1]}" if span else "none"],
-            ["plateau_onset alerts", _episodes(records.alerts, "plateau_onset")],
-            ["slow_start alerts", _episodes(records.alerts, "slow_start")]]
+    rows: list[list[object]] = [["run", run_name(records)], ["samples", len(records.samples)],
+                                ["steps", f"{first['step']} – {last['step']}"],
+                                ["flat stretch at the last sample",
+                                 f"{plateau_name(span)}, blocks {span[0]}–{span[1]}" if span else "none"],
+                                ["plateau_onset alerts", _episodes(records.alerts, "plateau_onset")],
+                                ["slow_start alerts", _episodes(records.alerts, "slow_start")]]
+    rows += [["open at the end of the run", f"{a['kind']} since step {a['step']}: {a['message']}"]
+             for a in open_at_the_end(records.alerts)]
     if (at_last := depth_recommendation(last.get("recommendation"))) is not None:
         rows.append(["recommended depth at the last sample (the Watch's probe images)", recommendation_text(at_last)])
     if records.recommendation is not None:
@@ -50,7 +73,8 @@ def _summary(records: RunRecords) -> str:
     if records.truncation:  # the validated counterpart, reconciled with it in the Truncation section
         kept, depth = len(records.truncation["kept_blocks"]), records.truncation["cost"]["uncut"]["blocks"]
         rows.append(["truncation (validated cut)", f"{kept} of {depth} blocks, {records.truncation['strategy']}"])
-    rows.append(["median sample cost", f"{statistics.median(s['duration_s'] for s in records.samples):.3f} s"])
+    duration = statistics.median(s["duration_s"] for s in records.samples)
+    rows.append(["median sample duration (probe pass and metrics)", f"{duration:.3f} s"])
     return table(["", ""], rows) + definitions([*([plateau_name(span)] if span else []), "plateau_onset",
                                                 "slow_start", "open", "cleared"])
 
@@ -92,7 +116,8 @@ def page(records: RunRecords, plots: dict[str, Path]) -> str:
     """The whole page: summary, per-layer curves, heat-maps, plateau timeline, alerts and truncation, with
     ``plots`` (`write_plots`' files) embedded."""
     alerts = [[a["step"], a["kind"], a["severity"], a["message"]] for a in records.alerts]
-    parts = [f"<h1>isiwatch report: {html.escape(records.run_dir.name)}</h1>",
+    title = html.escape(f"isiwatch report: {run_name(records)}")
+    parts = [f"<h1>{title}</h1>",
              *(f'<p class="warning">warning: {html.escape(line)}</p>' for line in records.mixed),
              "<h2>Summary</h2>", _summary(records)]
     if records.analysis is not None:  # write_plots drew its curves
@@ -105,5 +130,5 @@ def page(records: RunRecords, plots: dict[str, Path]) -> str:
               if alerts else "<p>No alerts.</p>"]
     if records.truncation:
         parts += ["<h2>Truncation</h2>", truncation_section(records.truncation)]
-    return document("isiwatch report", "".join(parts) + CHECK_SCRIPT)
+    return document(f"isiwatch report: {run_name(records)}", "".join(parts) + CHECK_SCRIPT)
 

@@ -223,10 +223,11 @@ TIMELINE_LEGEND_COLUMNS, TIMELINE_LEGEND_ROW_IN = 4, 0.2
 
 def plot_plateau_timeline(steps: Sequence[int], spans: Sequence[tuple[int, int] | None], depth: int,
                           alerts: Sequence[tuple[int, str]], path: str | Path, metric: str) -> Path:
-    """The flat stretch (blocks) at each sample, a slow start (from block 0) and a plateau after a Cliff in their
-    own colours, with alert records as vertical markers: an episode's opening dashed, its ``*_cleared`` record
-    dotted, in the kind's colour (the legend below names them). The records of one step share one rotated label,
-    placed where it stays inside the frame and off the other labels (`_place_alert_labels`)."""
+    """The flat stretch (blocks) at each sample across the sample's cell of steps (`sample_edges`: a stretch one
+    sample alone saw is one interval wide), a slow start (from block 0) and a plateau after a Cliff in their own
+    colours, with alert records as vertical markers: an episode's opening dashed, its ``*_cleared`` record dotted, in
+    the kind's colour (the legend below names them). The records of one step share one rotated label, placed where it
+    stays inside the frame and off the other labels (`_place_alert_labels`)."""
     from matplotlib.artist import Artist
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -234,12 +235,13 @@ def plot_plateau_timeline(steps: Sequence[int], spans: Sequence[tuple[int, int] 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=TIMELINE_IN)
     handles: list[Artist] = []
+    edges = sample_edges(steps)
     for name, colour in (("slow start", SLOW_START_COLOUR), ("plateau", PHASE_COLOURS["plateau"])):
-        shown = [s if s and plateau_name(s) == name else None for s in spans]
-        if any(shown):
-            lo = [s[0] - 0.5 if s else math.nan for s in shown]
-            hi = [s[1] + 0.5 if s else math.nan for s in shown]
-            ax.fill_between(steps, lo, hi, step="mid", color=colour, alpha=0.8)
+        shown = [(i, s) for i, s in enumerate(spans) if s and plateau_name(s) == name]
+        if shown:  # each sample's span over its own cell of steps: one sample alone is as wide as its interval
+            ax.bar([edges[i] for i, _ in shown], [s[1] - s[0] + 1 for _, s in shown],
+                   width=[edges[i + 1] - edges[i] for i, _ in shown], bottom=[s[0] - 0.5 for _, s in shown],
+                   align="edge", color=colour, alpha=0.8, lw=0, antialiased=False)
             where = " (from block 0, no Cliff)" if name == "slow start" else " (after a Cliff)"
             handles.append(Patch(color=colour, alpha=0.8, label=name + where))
     for step, kind in alerts:
@@ -252,9 +254,9 @@ def plot_plateau_timeline(steps: Sequence[int], spans: Sequence[tuple[int, int] 
     rows = math.ceil(len(handles) / TIMELINE_LEGEND_COLUMNS)
     fig.set_size_inches(TIMELINE_IN[0], TIMELINE_IN[1] + rows * TIMELINE_LEGEND_ROW_IN)
     _panel_margins(fig, 1, 1, TIMELINE_MARGIN_IN, bottom_band=rows * TIMELINE_LEGEND_ROW_IN + 0.05)
-    everything = [*steps, *(step for step, _ in alerts)]
+    everything = [edges[0], edges[-1], *(step for step, _ in alerts)]
     first, last = min(everything), max(everything)
-    pad = max(0.5, 0.01 * (last - first))
+    pad = 0.01 * (last - first)
     ax.set_xlim(first - pad, last + pad)
     ax.set_ylim(-0.5, depth - 0.5)
     ax.set_xlabel("training step", fontsize=8)
@@ -266,6 +268,15 @@ def plot_plateau_timeline(steps: Sequence[int], spans: Sequence[tuple[int, int] 
                    frameon=False)
     _place_alert_labels(ax, alerts)
     return _save(fig, path)
+
+
+def sample_edges(steps: Sequence[int]) -> list[float]:
+    """Where each sample's cell of steps begins and ends (one more value than ``steps``): halfway to the neighbouring
+    samples, and half an interval past the first and the last (a whole step around a single sample)."""
+    if len(steps) == 1:
+        return [steps[0] - 0.5, steps[0] + 0.5]
+    halfway = [(a + b) / 2 for a, b in zip(steps, steps[1:])]
+    return [2 * steps[0] - halfway[0], *halfway, 2 * steps[-1] - halfway[-1]]
 
 
 #: A label's backdrop: readable where it crosses another marker or the shading.

@@ -41,6 +41,9 @@ ALERTS = {
                          "16 x every_n_steps; a record, no episode to clear)",
 }
 
+#: The alert kinds that record an action, not a condition: no episode, so nothing to clear or to leave open.
+ACTIONS = ("early_stop", "blocks_frozen", "sampling_interval")
+
 #: Every word above with its definition: what a glossary renders.
 VOCABULARY = {**PHASES, **EPISODES, **ALERTS}
 

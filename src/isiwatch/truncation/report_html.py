@@ -33,7 +33,7 @@ CANDIDATE_COLUMNS = (("repair", "repair"), ("heal-image bound", "choice"), ("str
                      ("drop", "validation_drop.points"), ("upper bound", "validation_drop.upper_bound_points"),
                      ("params", "parameters"), ("MFLOPs/img", "flops_per_image"), ("latency ms (IQR)", "latency_ms"))
 KNOWN_CANDIDATE_FIELDS = {key.split(".")[0] for _, key in CANDIDATE_COLUMNS} | {
-    "qualifies", "winner", "resumed", "latency_quartiles_ms", "latency_batch"}
+    "qualifies", "winner", "resumed", "latency_quartiles_ms", "latency_batch", "bridge"}
 
 
 def _field(record: dict[str, Any], dotted: str) -> object:
@@ -43,11 +43,23 @@ def _field(record: dict[str, Any], dotted: str) -> object:
     return value
 
 
+def _runs(blocks: list[int]) -> str:
+    """Block indices with each run of three or more consecutive ones as its ends ("0–3, 5, 6, 9–11"): a deep model's
+    kept blocks stay a narrow column."""
+    runs: list[list[int]] = []
+    for block in blocks:
+        if runs and block == runs[-1][-1] + 1:
+            runs[-1].append(block)
+        else:
+            runs.append([block])
+    return ", ".join(f"{run[0]}–{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs)
+
+
 def _cell(key: str, value: object) -> object:
     if value is None:
         return "–"
     if isinstance(value, list):
-        return ",".join(map(str, value))
+        return _runs(value)
     if key == "repair":
         return REPAIRS.get(str(value), value)
     if key == "choice" and isinstance(value, dict):

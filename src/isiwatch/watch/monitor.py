@@ -78,9 +78,10 @@ class Watch:
       prefix is in [`state_dict`][isiwatch.Watch.state_dict]; `freezer` holds the policy's state).
 
     Every sample measures the Watch's own cost (`Sample.overhead_s` and
-    its ratio to the training time between samples), exported as the ``overhead/sample_seconds`` and
-    ``overhead/ratio`` series (TensorBoard, ``metrics.jsonl``, Prometheus ``isiwatch_overhead_ratio``, the
-    MLflow and W&B exporters).
+    its ratio to the training time between samples), exported as the ``overhead/seconds`` and
+    ``overhead/ratio`` series (TensorBoard, ``metrics.jsonl``, Prometheus ``isiwatch_overhead_seconds`` and
+    ``isiwatch_overhead_ratio``, the MLflow and W&B exporters); the sample's duration (`Sample.duration_s`, its
+    probe pass and metrics alone) is ``sample_duration_seconds`` in TensorBoard and Prometheus.
 
     The options, the probe batch (shape, labels, channels against the model's patch embedding) and the names
     in ``monitor`` and ``phase_metric`` (against `series_names`, the series this model's samples hold)

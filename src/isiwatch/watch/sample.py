@@ -15,7 +15,7 @@ from ..measure.phases import Phases
 #: The plateau series every sample holds.
 PLATEAU_SERIES = ("plateau/detected", "plateau/start", "plateau/end", "plateau/length")
 #: The Watch's own cost (`Sample.overhead_s`, `Sample.overhead_ratio`), when measured.
-OVERHEAD_SERIES = ("overhead/sample_seconds", "overhead/ratio")
+OVERHEAD_SERIES = ("overhead/seconds", "overhead/ratio")
 
 
 def series_names(metrics: Iterable[str], depth: int) -> set[str]:
@@ -61,7 +61,7 @@ class Sample:
     def _series(self) -> dict[str, float]:
         """Flat named series for early stopping and export: ``<metric>/layer_<ll>``, ``<metric>/last``,
         ``<metric>/mean``, ``plateau/{detected,start,end,length}``, ``recommended_depth``, ``loss`` and
-        ``overhead/{sample_seconds,ratio}``."""
+        ``overhead/{seconds,ratio}``."""
         out: dict[str, float] = {}
         for metric, values in self.layers.items():
             for i, v in enumerate(values):
@@ -78,7 +78,7 @@ class Sample:
         if self.loss is not None:
             out["loss"] = self.loss
         if self.overhead_s is not None:
-            out["overhead/sample_seconds"] = self.overhead_s
+            out["overhead/seconds"] = self.overhead_s
         if self.overhead_ratio is not None:
             out["overhead/ratio"] = self.overhead_ratio
         return out

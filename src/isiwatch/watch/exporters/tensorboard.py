@@ -2,7 +2,8 @@
 
 Tags: ``isiwatch/<metric>/layer_<ll>``, ``isiwatch/plateau/{start,end,length}``,
 ``isiwatch/recommended_depth`` (blocks [`recommend_depth`][isiwatch.recommend_depth] keeps),
-``isiwatch/overhead/{sample_seconds,ratio}`` (the Watch's own cost), heat-map images ``isiwatch/heatmap/<metric>``
+``isiwatch/overhead/{seconds,ratio}`` (the Watch's own cost), ``isiwatch/sample_duration_seconds`` (the probe
+pass and metrics alone, `Sample.duration_s`), heat-map images ``isiwatch/heatmap/<metric>``
 (`isiwatch.measure.plots.heatmap_figure`: blocks × training step over the kept history, colour scaled to the
 metric's range over the shown samples; every render redraws the exporter's one
 `HeatmapPanel`) and alert text under ``isiwatch/alerts``.
