@@ -49,11 +49,11 @@ class PublishedDepth:
         shallow_right = rows[shallow.depth - 1] if rows else None
         deep_right = rows[deep.depth - 1] if rows else None
         evidence: dict[str, object] = {"proposed": proposed.depth, "previous": current.depth, "probe": probe}
+        chosen = current  # kept without held-out predictions at this sample
         if shallow_right is not None and deep_right is not None:
             pair = PairedProbes.of(shallow_right, deep_right)
-            deeper = holds(current is deep, pair, self.confidence)
-            self.current = deep if deeper else shallow
+            chosen = deep if holds(current is deep, pair, self.confidence) else shallow
             evidence.update(pair.to_dict("shallow", "deep", self.confidence))
-        sample.recommendation = self.current
-        sample.depth_evidence = {**evidence, "published": self.current.depth}
+        self.current = sample.recommendation = chosen
+        sample.depth_evidence = {**evidence, "published": chosen.depth}
         return sample
