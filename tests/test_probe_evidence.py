@@ -122,3 +122,26 @@ def test_the_published_depth_follows_a_real_change():
     no_probes = depth_sample(50, 5, flat)
     no_probes.held_out = {}
     assert published([*samples, no_probes]) == [2, 4, 4, 2, 2]
+
+
+def test_a_watch_sample_holds_the_probes_held_out_predictions_behind_its_accuracies():
+    """Each probe's held-out predictions, read in the sample's one host read, average to its accuracy: 19 of the 64
+    probe images are held out."""
+    import timm
+    import torch
+
+    from isiwatch import Watch
+    from isiwatch.io.data import embedded_digits
+
+    x, y = embedded_digits()
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", img_size=28, patch_size=7, in_chans=1, num_classes=10,
+                              embed_dim=32, depth=3, num_heads=2)
+    watch = Watch(model, x[4000:4064], y[4000:4064], every_n_steps=1, strict=True)
+    watch.sample(1)
+    s = watch.history[-1]
+    watch.close(final_sample=False)
+    assert set(s.held_out) == {"probe_cls", "probe_patch_mean"}
+    for probe, rows in s.held_out.items():
+        assert len(rows) == 3 and all(row is not None and len(row) == 19 for row in rows)
+        assert [sum(row) / 19 for row in rows] == pytest.approx(s.layers[probe], abs=1e-6)
