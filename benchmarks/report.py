@@ -690,6 +690,8 @@ SECTIONS: list[Callable[[Path], list[str]]] = [
     rendered("Specialize evaluation", "bench_specialize.py", "specialize/specialize.json",
              "python benchmarks/bench_specialize.py --seeds 3 --epochs 4 --depth 4"),
     pretrained,
+    rendered("Probe comparisons before and after the exact paired test", "alert_noise.py",
+             "alert_noise/alert_noise.json", "python benchmarks/alert_noise.py --seeds 0 1 2"),
 ]
 
 

@@ -14,7 +14,7 @@ def sample(step, layers, loss=None, phases=None):
 
 def rules(**options):
     return AlertRules(**{"phase_metric": "token_similarity", "isi_stall_window": 3, "isi_stall_min_rise": 0.05,
-                         "isi_stall_min_loss_drop": 0.1, **options})
+                         "isi_stall_min_loss_drop": 0.1, "probe_confidence": 0.95, **options})
 
 
 def test_non_finite_names_every_bad_series_and_the_loss():
@@ -24,14 +24,24 @@ def test_non_finite_names_every_bad_series_and_the_loss():
     assert not rules().conditions(sample(1, {"isi": [0.1, 0.2]}, loss=1.0), PlateauTracker())["non_finite"].active
 
 
-def test_cls_marginalized_only_with_both_probes_and_only_when_cls_is_behind():
+def test_cls_marginalized_only_with_both_probes_and_only_when_cls_is_behind_beyond_noise():
+    """It needs both probes' held-out predictions; 10 of 20 images right only for the mean-patch probe and none
+    only for [CLS] opens it (exact p 0.001), with the counts in the record; the other way round does not."""
     r, tracker = rules(), PlateauTracker()
     assert "cls_marginalized" not in r.conditions(sample(1, {"probe_cls": [0.2, 0.3]}), tracker)
-    behind = r.conditions(sample(1, {"probe_cls": [0.9, 0.6], "probe_patch_mean": [0.1, 0.7]}), tracker)
-    assert behind["cls_marginalized"].active
-    assert behind["cls_marginalized"].data == {"probe_cls": 0.6, "probe_patch_mean": 0.7}
-    ahead = r.conditions(sample(1, {"probe_cls": [0.1, 0.8], "probe_patch_mean": [0.9, 0.7]}), tracker)
-    assert not ahead["cls_marginalized"].active
+    accuracies = {"probe_cls": [0.9, 0.5], "probe_patch_mean": [0.1, 1.0]}
+    assert "cls_marginalized" not in r.conditions(sample(1, accuracies), tracker)  # no held-out predictions
+    cls_right, patch_right = [True] * 10 + [False] * 10, [True] * 20
+    behind = Sample(1, 0.0, accuracies, None, 0.0,
+                    held_out={"probe_cls": [None, tuple(cls_right)], "probe_patch_mean": [None, tuple(patch_right)]})
+    got = r.conditions(behind, tracker)["cls_marginalized"]
+    assert got.active
+    assert got.data == {"probe_cls": 0.5, "probe_patch_mean": 1.0, "held_out": 20, "both_correct": 10,
+                        "only_cls": 0, "only_patch_mean": 10, "neither": 0, "p_value": 0.5 ** 10, "confidence": 0.95}
+    assert "10 of 20 held-out images right only for the mean-patch probe, 0 only for [CLS]" in got.message
+    ahead = Sample(1, 0.0, {"probe_cls": [0.1, 1.0], "probe_patch_mean": [0.9, 0.5]}, None, 0.0,
+                   held_out={"probe_cls": [None, tuple(patch_right)], "probe_patch_mean": [None, tuple(cls_right)]})
+    assert not r.conditions(ahead, tracker)["cls_marginalized"].active
 
 
 def test_norm_friction_high_needs_a_threshold():

@@ -99,11 +99,17 @@ def test_exporters_and_state_after_a_short_run(digits, tmp_path):
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2, 4, 6, 8]
 
-    # the depth recommendation: computed from each sample's curves, kept on the sample, exported everywhere
+    # the depth recommendation: proposed from each sample's curves, published unless the probes cannot tell the
+    # proposed depth from the published one (depth_evidence), kept on the sample, exported everywhere
     samples = list(watch.history)
     for sample in samples:
         analysis = Analysis(sample.layers, {}, {"depth": 4}, phases=sample.phases)
-        assert sample.recommendation == recommend_depth(analysis)
+        proposed = recommend_depth(analysis)
+        evidence = sample.depth_evidence
+        if evidence is None:
+            assert sample.recommendation == proposed
+        else:
+            assert evidence["proposed"] == proposed.depth and evidence["published"] == sample.recommendation.depth
         assert 1 <= sample.recommendation.depth <= 4
     assert [e.value for e in acc.Scalars("isiwatch/recommended_depth")] == [s.recommendation.depth for s in samples]
     assert [e.step for e in acc.Scalars("isiwatch/recommended_depth")] == [2, 4, 6, 8]
@@ -111,6 +117,7 @@ def test_exporters_and_state_after_a_short_run(digits, tmp_path):
         samples[-1].recommendation.depth
     rows = [json.loads(line) for line in lines]
     assert [r["recommendation"] for r in rows] == [s.recommendation.to_dict() for s in samples]
+    assert [r["depth_evidence"] for r in rows] == [s.depth_evidence for s in samples]
     assert rows[-1]["recommendation"]["source_depth"] == 4
     assert (tmp_path / "alerts.jsonl").exists()
 

@@ -17,7 +17,7 @@ from .metric_table import METRIC_TABLE
 from .metrics import BLOCK_METRICS, CLS_METRICS, BlockSums, block_curves, isi, reduce_block, token_similarity
 from .phases import Phases, detect_phases
 from .probe_batch import ProbeBatch, ProbeTargets
-from .probes import coded_probe_accuracy
+from .probes import coded_probe_correct
 from .readback import read_back
 from .recon import DEFAULT_RECON_COMPONENTS, isi_recon
 
@@ -58,7 +58,9 @@ class Analysis:
     block 0 (``pre_pe``: patch embeddings E; ``embed``: X[0]); ``phases`` the Cliff/Plateau/Climb of
     ``phase_metric`` (None when that curve has no plateau); ``model_info`` what is known of the model and
     the data (depth, family, prefix tokens, images, and what the caller adds: arch, weights, checkpoint),
-    stored under the ``"model"`` key of ``analysis.json``.
+    stored under the ``"model"`` key of ``analysis.json``; ``held_out[probe][block]`` which held-out probe images
+    (in the probe split's order) the probe ``probe_cls`` or ``probe_patch_mean`` at that block classifies correctly,
+    None where it reads NaN (empty without probes; not in ``analysis.json``): what a paired test of two probes needs.
     """
 
     layers: dict[str, list[float]]
@@ -67,6 +69,7 @@ class Analysis:
     phase_metric: str = DEFAULT_PHASE_METRIC
     phases: Phases | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    held_out: dict[str, list[tuple[bool, ...] | None]] = field(default_factory=dict)
 
     @property
     def depth(self) -> int:
@@ -90,7 +93,7 @@ class Analysis:
         if n >= self.depth:
             return self
         cut = Analysis({m: v[:n] for m, v in self.layers.items()}, self.stem, {**self.model_info, "depth": n},
-                       self.phase_metric, None, self.options)
+                       self.phase_metric, None, self.options, {m: v[:n] for m, v in self.held_out.items()})
         cut.phases = cut.detect_phases()
         return cut
 
@@ -179,7 +182,8 @@ class _Collector:
 
     def results(self, n: int, targets: ProbeTargets | None) -> dict[str, Tensor]:
         """Every number of the analysis as device tensors: ``layer/<metric>`` (L,), ``stem/<point>/<metric>`` (1,)
-        and, with ``targets``, the probe accuracies ``probes`` (K,)."""
+        and, with ``targets``, the probe accuracies ``probes`` (K,) and which held-out images each probe classifies
+        correctly, ``probe_correct`` (K,m)."""
         with record_function("isiwatch.metrics"):
             curves = block_curves([BlockSums.joined(chunks) for chunks in self.blocks])
             out = {f"layer/{m}": curves[m] for m in BLOCK_METRICS if m in curves
@@ -194,8 +198,9 @@ class _Collector:
                         out[f"stem/{point}/isi_recon"] = torch.stack(sums).sum(0, keepdim=True) / n
         if targets is not None:
             with record_function("isiwatch.probes"):
-                out["probes"] = coded_probe_accuracy(self._features(), targets.codes, targets.onehot, targets.train,
-                                                     targets.test)
+                correct = coded_probe_correct(self._features(), targets.codes, targets.onehot, targets.train,
+                                              targets.test)
+                out["probes"], out["probe_correct"] = correct.mean(-1), correct
         return out
 
     def _features(self) -> Tensor:
@@ -302,11 +307,13 @@ def analyze_batch(model: nn.Module, batch: ProbeBatch, options: Mapping[str, Any
         if key.startswith("stem/"):
             _, point, metric = key.split("/")
             stem.setdefault(point, {})[metric] = v[0]
+    held_out: dict[str, list[tuple[bool, ...] | None]] = {}
     if labelled:
         _add_probes(read["probes"], parts, layers, stem)
+        held_out = _held_out(read["probe_correct"], len(read["probes"]), parts)
     info = {"family": parts.family, "depth": parts.depth, "num_prefix_tokens": parts.num_prefix_tokens,
             "has_cls": parts.has_cls, "images": n}
-    result = Analysis(layers, stem, info, phase_metric, None, dict(options))
+    result = Analysis(layers, stem, info, phase_metric, None, dict(options), held_out)
     result.phases = result.detect_phases(**dict(phase_options or {}))
     return result, {k.removeprefix("extra/"): v for k, v in read.items() if k.startswith("extra/")}
 
@@ -322,3 +329,17 @@ def _add_probes(acc: list[float], parts: ViTParts, layers: dict[str, list[float]
     if cls:
         layers["probe_cls"] = cls[1:]
         stem.setdefault("embed", {})["probe_cls"] = cls[0]
+
+
+def _held_out(correct: list[float], probes: int, parts: ViTParts) -> dict[str, list[tuple[bool, ...] | None]]:
+    """The blocks' rows of ``correct`` (``probes`` rows of held-out images, laid out as `_Collector._features`)
+    as `Analysis.held_out`."""
+    m = len(correct) // probes
+    rows: list[tuple[bool, ...] | None] = [
+        None if any(math.isnan(v) for v in row) else tuple(v == 1.0 for v in row)
+        for row in (correct[i * m:(i + 1) * m] for i in range(probes))]
+    depth = parts.depth
+    held_out = {"probe_patch_mean": rows[2:depth + 2]}
+    if parts.has_cls:
+        held_out["probe_cls"] = rows[depth + 3:]
+    return held_out

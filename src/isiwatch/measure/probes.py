@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .ridge import DEFAULT_ALPHAS, accuracy_score, fit_ridge
+from .ridge import DEFAULT_ALPHAS, accuracy_score, correct_rows, fit_ridge
 from .softmax import SOFTMAX_STEPS, fit_softmax
 
 
@@ -69,14 +69,17 @@ def probe_accuracy(
     """
     codes, classes = label_codes(labels)
     codes = codes.to(features.device)
-    return coded_probe_accuracy(features, codes, F.one_hot(codes, classes).float(), train_idx.to(features.device),
-                                test_idx.to(features.device), alphas, softmax_steps)
+    return coded_probe_correct(features, codes, F.one_hot(codes, classes).float(), train_idx.to(features.device),
+                               test_idx.to(features.device), alphas, softmax_steps).mean(-1)
 
 
-def coded_probe_accuracy(features: Tensor, codes: Tensor, onehot: Tensor, train_idx: Tensor, test_idx: Tensor,
-                         alphas: Sequence[float] = DEFAULT_ALPHAS, softmax_steps: int = SOFTMAX_STEPS) -> Tensor:
-    """`probe_accuracy` on label ``codes`` (n,) and their ``onehot`` (n,C), everything on the features' device:
-    no value is read on the host. Non-finite feature sets are fitted as zeros and read NaN."""
+def coded_probe_correct(features: Tensor, codes: Tensor, onehot: Tensor, train_idx: Tensor, test_idx: Tensor,
+                        alphas: Sequence[float] = DEFAULT_ALPHAS, softmax_steps: int = SOFTMAX_STEPS) -> Tensor:
+    """Which held-out images (``test_idx``, in its order) each probe of `probe_accuracy` classifies correctly:
+    (K,m), 1.0 right and 0.0 wrong, its mean over the images the held-out accuracy. Label ``codes`` (n,) and their
+    ``onehot`` (n,C) and everything else on the features' device: no value is read on the host. Non-finite feature
+    sets are fitted as zeros and their rows read NaN. The per-image predictions are what a paired test of two probes
+    on the same images needs (`isiwatch.watch.probe_evidence`)."""
     features = features.float()
     lowest, highest = torch.aminmax(features.flatten(1), dim=1)  # one pass, no copy; NaN and ±inf propagate
     finite = torch.isfinite(lowest) & torch.isfinite(highest)
@@ -85,5 +88,5 @@ def coded_probe_accuracy(features: Tensor, codes: Tensor, onehot: Tensor, train_
     fit = fit_ridge(features[:, train_idx], onehot[train_idx], lambda pred: accuracy_score(pred, y_train), alphas)
     if softmax_steps:
         fit = fit_softmax(fit, onehot[train_idx], softmax_steps)
-    accuracy = accuracy_score(fit.predict(features[:, test_idx]), codes[test_idx])
-    return torch.where(finite, accuracy, torch.nan)
+    correct = correct_rows(fit.predict(features[:, test_idx]), codes[test_idx])
+    return torch.where(finite.view(-1, 1), correct, torch.nan)

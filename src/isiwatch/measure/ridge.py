@@ -40,9 +40,14 @@ class RidgeFit:
         return (self.weights.transpose(1, 2) @ xs.transpose(1, 2) + self.bias.transpose(1, 2)).transpose(1, 2)
 
 
+def correct_rows(pred: Tensor, labels: Tensor) -> Tensor:
+    """1.0 for each row whose arg-max (the first, on ties) is the label, else 0.0; (...,n,C), (n,) → (...,n)."""
+    return (pred.max(-1).indices == labels).float()
+
+
 def accuracy_score(pred: Tensor, labels: Tensor) -> Tensor:
     """Fraction of rows whose arg-max (the first, on ties) is the label; (K,n,C), (n,) → (K,)."""
-    return (pred.max(-1).indices == labels).float().mean(-1)
+    return correct_rows(pred, labels).mean(-1)
 
 
 def neg_mse_score(pred: Tensor, target: Tensor) -> Tensor:

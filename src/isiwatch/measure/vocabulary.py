@@ -30,7 +30,8 @@ ALERTS = {
     "slow_start": "a slow start (a flat stretch from block 0) has kept a stable span for plateau_patience samples",
     "isi_stall": "over the last isi_stall_window samples the mean ISI rose by at most isi_stall_min_rise while the "
                  "loss fell by at least isi_stall_min_loss_drop (both relative)",
-    "cls_marginalized": "the [CLS] probe scores below the mean-patch probe at the last block",
+    "cls_marginalized": ("the [CLS] probe scores below the mean-patch probe at the last block, beyond the probes' "
+                         "noise (exact paired test at probe_confidence; closes once [CLS] is not behind at all)"),
     "non_finite": "NaN or infinite values in a curve or the loss",
     "norm_friction_high": "norm_friction reaches norm_friction_threshold at some block",
     "monitor_error": "a part of the Watch failed (the probe pass, an exporter, the alert rules, alert_callback, the "

@@ -16,13 +16,14 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._utils.state import checked, is_count
 from ..measure.vocabulary import ALERTS, PHASES, plateau_name
 from .friction import friction_alert
+from .probe_evidence import PairedProbes, holds
 
 if TYPE_CHECKING:
     from ..measure.phases import PlateauTracker
@@ -91,18 +92,27 @@ def plateau_onset(sample: Sample, tracker: PlateauTracker, metric: str, kind: st
                      {"plateau": list(ph.plateau) if ph else None, "onset_step": tracker.onset_step, "metric": metric})
 
 
-def cls_marginalized(sample: Sample) -> Condition | None:
-    """The [CLS] probe below the mean-patch probe at the last block; None without both probes, or when either is
-    not finite (probes on NaN features: ``non_finite`` says so, and this episode stays as it was)."""
-    layers = sample.layers
-    if "probe_cls" not in layers or "probe_patch_mean" not in layers:
+def cls_marginalized(sample: Sample, was_open: bool, confidence: float) -> Condition | None:
+    """The [CLS] probe below the mean-patch probe at the last block, beyond the probes' own noise: the exact paired
+    test on their held-out predictions (`isiwatch.watch.probe_evidence`) opens the episode only when the mean-patch
+    probe is better at ``confidence``, and an open episode (``was_open``) closes only when the [CLS] probe is no longer
+    observed behind (as many held-out images right only for it as only for the mean-patch probe, or more). None
+    without both probes' held-out predictions, or when either accuracy is not finite (probes on NaN features:
+    ``non_finite`` says so, and this episode stays as it was)."""
+    layers, held_out = sample.layers, sample.held_out
+    if not {"probe_cls", "probe_patch_mean"} <= set(layers) & set(held_out):
         return None
     cls_acc, patch_acc = layers["probe_cls"][-1], layers["probe_patch_mean"][-1]
-    if not (math.isfinite(cls_acc) and math.isfinite(patch_acc)):
+    cls_right, patch_right = held_out["probe_cls"][-1], held_out["probe_patch_mean"][-1]
+    if not (math.isfinite(cls_acc) and math.isfinite(patch_acc)) or cls_right is None or patch_right is None:
         return None
-    return Condition(cls_acc < patch_acc,
-                     f"[CLS] probe {cls_acc:.3f} vs mean-patch probe {patch_acc:.3f} at the last block",
-                     {"probe_cls": cls_acc, "probe_patch_mean": patch_acc})
+    pair = PairedProbes.of(cls_right, patch_right)
+    return Condition(holds(was_open, pair, confidence),
+                     f"[CLS] probe {cls_acc:.3f} vs mean-patch probe {patch_acc:.3f} at the last block "
+                     f"({pair.only_second} of {pair.images} held-out images right only for the mean-patch probe, "
+                     f"{pair.only_first} only for [CLS]; exact paired p = {pair.p_value:.2g})",
+                     {"probe_cls": cls_acc, "probe_patch_mean": patch_acc,
+                      **pair.to_dict("cls", "patch_mean", confidence)})
 
 
 def norm_friction_high(sample: Sample, threshold: float | None) -> Condition | None:
@@ -115,22 +125,28 @@ def norm_friction_high(sample: Sample, threshold: float | None) -> Condition | N
 
 class AlertRules:
     """Every alert rule of a Watch, with the one piece of history a rule keeps: ``stall``, the (mean ISI, loss)
-    pairs of the last ``isi_stall_window`` samples with both finite."""
+    pairs of the last ``isi_stall_window`` samples with both finite; ``probe_confidence`` is the confidence at which
+    ``cls_marginalized`` compares the probes."""
 
     def __init__(self, phase_metric: str, isi_stall_window: int, isi_stall_min_rise: float,
-                 isi_stall_min_loss_drop: float, norm_friction_threshold: float | None = None):
+                 isi_stall_min_loss_drop: float, norm_friction_threshold: float | None = None, *,
+                 probe_confidence: float):
         self.phase_metric = phase_metric
         self.min_rise, self.min_loss_drop = isi_stall_min_rise, isi_stall_min_loss_drop
         self.norm_friction_threshold = norm_friction_threshold
+        self.probe_confidence = probe_confidence
         self.stall: deque[tuple[float, float]] = deque(maxlen=isi_stall_window)
 
-    def conditions(self, sample: Sample, tracker: PlateauTracker) -> dict[str, Condition]:
-        """The condition of every alert kind that applies to ``sample`` (``tracker`` already updated with it)."""
+    def conditions(self, sample: Sample, tracker: PlateauTracker, active: Set[str] = frozenset()
+                   ) -> dict[str, Condition]:
+        """The condition of every alert kind that applies to ``sample`` (``tracker`` already updated with it), with
+        ``active`` the kinds whose episodes are open (a rule with hysteresis decides from where it stands)."""
         conditions = {"non_finite": non_finite(sample),
                       "plateau_onset": plateau_onset(sample, tracker, self.phase_metric),
                       "slow_start": plateau_onset(sample, tracker, self.phase_metric, "slow_start"),
                       "isi_stall": self.isi_stall(sample)}
-        for kind, condition in (("cls_marginalized", cls_marginalized(sample)),
+        cls = cls_marginalized(sample, "cls_marginalized" in active, self.probe_confidence)
+        for kind, condition in (("cls_marginalized", cls),
                                 ("norm_friction_high", norm_friction_high(sample, self.norm_friction_threshold))):
             if condition is not None:
                 conditions[kind] = condition

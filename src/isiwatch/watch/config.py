@@ -76,6 +76,10 @@ class WatchOptions:
     """...while the loss fell by more than this (relative)."""
     norm_friction_threshold: float | None = FRICTION_THRESHOLD
     """`norm_friction_high` opens above this friction; none: the alert is off."""
+    probe_confidence: float = 0.95
+    """Confidence at which one probe counts as better than another, by the exact paired test on their held-out
+    predictions: `cls_marginalized` opens, and the published `recommended_depth` adds blocks, only beyond the
+    probes' own noise."""
     monitor: str | None = None
     """Series early stopping watches (`probe_cls/last`, `isi/layer_03`, `loss`); none: no early stopping."""
     mode: str = "min"
@@ -202,6 +206,7 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "min_layers": _at_least(2), "plateau_patience": _at_least(1), "probe_batch_size": _at_least(1),
     "history_size": _at_least(1), "heatmap_every": _at_least(1), "isi_stall_window": _at_least(2),
     "isi_stall_min_rise": _finite, "isi_stall_min_loss_drop": _finite, "norm_friction_threshold": _finite,
+    "probe_confidence": _fraction,
     "mode": _one_of(("min", "max")), "min_delta": _finite, "patience": _at_least(0), "warmup": _at_least(0),
     "stopping_threshold": _finite, "divergence_threshold": _finite, "probe_every": _at_least(1),
     "overhead_budget": _fraction, "probe_dtype": _one_of((None, "bfloat16", "float16")),

@@ -27,6 +27,7 @@ from .freezing import KIND as FREEZE_KIND
 from .freezing import Freezer, policy_of
 from .policies import Policies, freeze, new_policies, stop_reason
 from .probe_pass import ProbePass, own_numerics
+from .published_depth import PublishedDepth
 from .ranks import any_rank, max_over_ranks, min_over_ranks, rank
 from .sample import Sample
 from .sampling_clock import INTERVAL_KIND, SamplingClock
@@ -51,7 +52,9 @@ class Watch:
       before ``plateau_onset``);
     - alerts: ``isi_stall_window``/``isi_stall_min_rise``/``isi_stall_min_loss_drop`` (mean ISI rose by
       less than ``min_rise`` (relative) over the window while the loss fell by more than
-      ``min_loss_drop`` (relative)), ``norm_friction_threshold``; ``alert_callback(alert)``;
+      ``min_loss_drop`` (relative)), ``norm_friction_threshold``; ``probe_confidence`` (the exact paired test
+      on the probes' held-out predictions behind ``cls_marginalized`` and the published depth);
+      ``alert_callback(alert)``;
     - early stopping (Lightning's names and rule): ``monitor`` (a series such as ``"probe_cls/last"``,
       ``"isi/layer_03"`` or ``"loss"``), ``mode``, ``min_delta``, ``patience``, ``check_finite``,
       ``stopping_threshold``, ``divergence_threshold``; isiwatch's own ``warmup`` (samples ignored first);
@@ -123,7 +126,10 @@ class Watch:
         self.history: deque[Sample] = deque(maxlen=opts.history_size)
         self.tracker, self.stoppers, self.plateau_stopper = new_policies(opts)
         self.rules = AlertRules(opts.phase_metric, opts.isi_stall_window, opts.isi_stall_min_rise,
-                                opts.isi_stall_min_loss_drop, opts.norm_friction_threshold)
+                                opts.isi_stall_min_loss_drop, opts.norm_friction_threshold,
+                                probe_confidence=opts.probe_confidence)
+        #: The depth recommendation published with each sample (`isiwatch.watch.published_depth`).
+        self.published_depth = PublishedDepth(opts.probe_confidence, probe_labels is not None)
         self.should_stop = False
         self.stop_reason: str | None = None
         self.last_step: int | None = None
@@ -203,7 +209,7 @@ class Watch:
         sample = None
         with self.faults.guard(PROBE_PASS, global_step, strict=self.options.strict, report=False,
                                recover=False) as measuring:
-            sample = self._probe.measure(global_step, loss, probes, self.loss_scale)
+            sample = self.published_depth.publish(self._probe.measure(global_step, loss, probes, self.loss_scale))
         self._clock.charge(sample, self.interval, self._fanout.background_seconds)
         if any_rank(sample is None) or sample is None:  # every rank makes the same collectives, whatever failed where
             self.disabled = self.faults.sample_failed(global_step, measuring.failure or "it failed on another rank",
@@ -222,7 +228,7 @@ class Watch:
         step, reason = sample.step, None
         with self.faults.guard("alert rules", step, strict=self.options.strict):
             self.tracker.update(step, sample.phases)
-            self.alerts.update(step, self.rules.conditions(sample, self.tracker))
+            self.alerts.update(step, self.rules.conditions(sample, self.tracker, self.alerts.active))
             reason = stop_reason(sample, probes, self.stoppers, self.plateau_stopper)
         if any_rank(reason is not None) and not self.should_stop:
             self.should_stop = True

@@ -92,7 +92,7 @@ class ProbePass:
             loss = (read["loss"][0] if isinstance(loss, Tensor) else float(loss)) * loss_scale
         recommendation = recommend_depth(analysis)
         return Sample(step, time.time(), analysis.layers, analysis.phases, time.monotonic() - start, loss,
-                      recommendation)
+                      recommendation, held_out=analysis.held_out)
 
     def _analyze(self, batch_size: int, probes: bool, extra: dict[str, Tensor]
                  ) -> tuple[Analysis, dict[str, list[float]]]:

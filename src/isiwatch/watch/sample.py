@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._utils.files import finite_or_none
@@ -36,7 +36,11 @@ class Sample:
     background work since (heat-map renders), so every second the Watch takes is counted once. ``overhead_ratio``
     is ``overhead_s`` over the training wall time since the previous sample ended, stretched to a full sampling
     interval at that pace when the sample came fewer steps after the previous one (the closing sample): the cost
-    of sampling at the Watch's interval (None at the first sample of a process, which has no previous one)."""
+    of sampling at the Watch's interval (None at the first sample of a process, which has no previous one).
+
+    ``held_out`` is `Analysis.held_out`: which held-out probe images each probe classifies correctly, per block
+    (empty without probes; not in the records). ``depth_evidence`` is the paired test behind the published
+    ``recommendation`` (`isiwatch.watch.published_depth`), None before the Watch published one."""
 
     step: int
     time: float
@@ -47,6 +51,8 @@ class Sample:
     recommendation: DepthRecommendation | None = None
     overhead_s: float | None = None
     overhead_ratio: float | None = None
+    held_out: dict[str, list[tuple[bool, ...] | None]] = field(default_factory=dict)
+    depth_evidence: dict[str, Any] | None = None
 
     @property
     def depth(self) -> int:
@@ -95,4 +101,5 @@ class Sample:
                 "duration_s": self.duration_s, "overhead_s": self.overhead_s, "overhead_ratio": self.overhead_ratio,
                 "layers": {m: [finite_or_none(v) for v in vals] for m, vals in self.layers.items()},
                 "phases": self.phases.to_dict() if self.phases else None,
-                "recommendation": self.recommendation.to_dict() if self.recommendation else None}
+                "recommendation": self.recommendation.to_dict() if self.recommendation else None,
+                "depth_evidence": self.depth_evidence}
