@@ -7,18 +7,21 @@ import re
 
 from click.testing import CliRunner
 from test_alert_rules import rules, sample
-from test_vocabulary import slow_start_run  # noqa: F401  (a fixture)
+from test_vocabulary import slow_start_run  # noqa: F401  (the fixture the report test uses)
 
 from isiwatch.cli.commands import main
 from isiwatch.measure.phases import Phases, PlateauTracker
-from isiwatch.measure.vocabulary import ALERTS, HINTS, alert_hint
+from isiwatch.measure.vocabulary import HINTS, alert_hint
 from isiwatch.watch.alerts import ALERT_KINDS, Alert, AlertEngine, alert_line
+from isiwatch.watch.freezing import KIND as FREEZE_KIND
 from isiwatch.watch.friction import friction_alert
+from isiwatch.watch.monitor import INTERVAL_KIND
 
 
 def test_every_alert_kind_and_action_record_has_a_hint_naming_something_to_do():
-    assert set(HINTS) == set(ALERTS) and all(HINTS.values())
-    for kind in ALERTS:  # what each record of the kind carries, however it was made (engine, fault log, action)
+    assert set(HINTS) == {*ALERT_KINDS, "early_stop", FREEZE_KIND} and all(HINTS.values())
+    assert Alert(INTERVAL_KIND, 1, 0.0, "r", "info", "m").hint == ""  # the Watch's own bookkeeping: nothing to do
+    for kind in HINTS:  # what each record of the kind carries, however it was made (engine, fault log, action)
         assert Alert(kind, 1, 0.0, "r", "info", "m").hint == alert_hint(kind) == HINTS[kind].replace("{span}", "")
     assert "`isiwatch truncate CHECKPOINT --data DATA --max-drop 1 --out OUT`" in HINTS["plateau_onset"]
     assert "learning rate" in HINTS["isi_stall"] and "warmup" in HINTS["isi_stall"]
@@ -50,14 +53,14 @@ def test_a_resume_state_saved_before_hints_keeps_its_open_episodes_hint():
     again = AlertEngine("run")
     again.load_state_dict(engine.state_dict())
     assert again.opened["plateau_onset"] == engine.opened["plateau_onset"]
-    assert set(ALERT_KINDS) <= set(HINTS)
 
 
 def test_the_friction_alert_carries_its_hint():
     assert friction_alert([0.3])["hint"] == alert_hint("norm_friction_high")
 
 
-def test_the_reports_alert_table_shows_each_records_hint_and_an_older_records_kind_hint(slow_start_run, tmp_path):
+def test_the_reports_alert_table_shows_each_records_hint_and_an_older_records_kind_hint(slow_start_run,  # noqa: F811
+                                                                                       tmp_path):
     records = [json.loads(line) for line in (slow_start_run / "alerts.jsonl").read_text().splitlines()]
     older = {k: v for k, v in Alert("non_finite", 4, 0.0, "r", "critical", "m").to_dict().items() if k != "hint"}
     (slow_start_run / "alerts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*records, older]))

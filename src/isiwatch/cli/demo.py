@@ -37,8 +37,8 @@ from ..truncation.truncate_report import no_cut_line, verdict_line
 from ..watch.config import load_yaml
 from ..watch.log_folder import holder
 from ..watch.monitor import Watch
-from .offline import analysis_record, write_analysis
 from .next_steps import next_steps
+from .offline import analysis_record, write_analysis
 from .report import read_run, write_records_report
 
 if TYPE_CHECKING:

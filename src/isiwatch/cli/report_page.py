@@ -108,7 +108,8 @@ def page(records: RunRecords, plots: dict[str, Path]) -> str:
                   table(header, rows), "<h3>Columns</h3>", _glossary(header)]
     parts += ["<h2>Depth × training step</h2>", figure(plots["heatmaps"], "heat-maps"),
               "<h2>Slow start and plateau over training</h2>", figure(plots["plateau"], "plateau timeline"),
-              "<h2>Alerts</h2>", table(["step", "kind", "severity", "message", "hint"], alerts) + _alert_definitions(records)
+              "<h2>Alerts</h2>",
+              table(["step", "kind", "severity", "message", "hint"], alerts) + _alert_definitions(records)
               if alerts else "<p>No alerts.</p>"]
     if records.truncation:
         parts += ["<h2>Truncation</h2>", truncation_section(records.truncation)]

@@ -48,7 +48,8 @@ VOCABULARY = {**PHASES, **EPISODES, **ALERTS}
 
 #: What each kind of alert record means for the run and what to try next, in the options, calls and commands a user
 #: types: every record carries its kind's hint (`alert_hint`), and the terminal, the report, the docs and the
-#: Prometheus rules' ``hint`` annotations show it. ``{span}`` stands for the record's flat stretch (" (blocks 2–5)").
+#: Prometheus rules' ``hint`` annotations show it. A ``sampling_interval`` record asks nothing of the user: no hint.
+#: ``{span}`` stands for the record's flat stretch (" (blocks 2–5)").
 HINTS = {
     "plateau_onset": "the blocks over the plateau{span} barely change the representation: the ones after its "
                      "first are candidates for removal. After training, `isiwatch truncate CHECKPOINT --data DATA "
@@ -60,8 +61,8 @@ HINTS = {
                   "--max-drop 1 --out OUT` tests whether the model needs all its blocks (it writes a cut only when "
                   "the accuracy drop is certified within 1 point)",
     "isi_stall": "the attention's token mixing (mean ISI) stopped growing while the loss still falls: the blocks "
-                 "may have stopped learning. Try a higher peak learning rate or a longer warmup, and check that the probe accuracy "
-                 "(probe_cls) still rises before training longer",
+                 "may have stopped learning. Try a higher peak learning rate or a longer warmup, and check that the "
+                 "probe accuracy (probe_cls) still rises before training longer",
     "cls_marginalized": "the [CLS] token holds less of the class than the average patch token at the last block: "
                         "pool the patches for the head instead (`global_pool='avg'` in timm.create_model, then "
                         "fine-tune), or train longer and watch whether [CLS] catches up",
@@ -78,8 +79,6 @@ HINTS = {
     "blocks_frozen": "the frozen blocks no longer train (backward stops before them); if the probe accuracy stops "
                      "rising afterwards, train again with a stricter FreezePolicy (a lower tolerance, a higher "
                      "patience) or freeze_settled=False",
-    "sampling_interval": "nothing to do: the Watch keeps its cost within overhead_budget; raise overhead_budget for "
-                         "denser samples",
 }
 
 
