@@ -3,6 +3,7 @@
 import html
 import json
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from isiwatch.cli.commands import main
 from isiwatch.cli.demo_models import QUICK
 from isiwatch.cli.offline import analysis_record
 from isiwatch.cli.report import read_run, write_report
+from isiwatch.cli.truncate import truncate as truncate_command
 from isiwatch.io.data import embedded_digits
 from isiwatch.measure.depth import recommend_depth
 from isiwatch.measure.tables import recommendation_text
@@ -153,10 +155,29 @@ def test_quick_demo_writes_the_run_directory(demo_run):
     assert alerts and all(f"[{a['severity']}] step {a['step']}: {a['kind']}: {a['message']}" in output for a in alerts)
 
 
+def test_the_demo_ends_with_the_next_commands_that_fit_its_run(demo_run):
+    """Where the report is, TensorBoard on the run, and (the trained model having a flat stretch or a recommended
+    depth below its own) the truncate command on the demo's checkpoint, which the CLI's parser accepts."""
+    out, output = demo_run
+    lines = output.splitlines()
+    start = lines.index("next:")
+    assert lines[start + 1:start + 3] == [f"  open the report: {out / 'report' / 'report.html'}",
+                                          f"  browse the run's curves: tensorboard --logdir {out}"]
+    analysis = json.loads((out / "analysis.json").read_text())
+    fewer = analysis["phases"]["plateau"] is not None or analysis["recommendation"]["depth"] < QUICK.depth
+    assert fewer  # the quick demo's model (seed 0) shows it: the line below is tested
+    words = shlex.split(lines[start + 3].split(": ", 1)[1])
+    assert words == ["isiwatch", "truncate", str(out / "model.pt"), "--data", "mnist", "--analysis",
+                     str(out / "analysis.json"), "--max-drop", "1", "--out", str(out / "truncated-max-drop-1.pt")]
+    assert truncate_command.make_context("truncate", words[2:]).params["analysis"] == out / "analysis.json"
+    assert lines[start + 4].startswith("serving the run's last Prometheus metrics")  # the demo's next steps end
+
+
 def test_report_command_and_bad_run_dir(demo_run, tmp_path):
     out, _ = demo_run
     result = CliRunner().invoke(main, ["report", str(out), "--out", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output
+    assert f"next:\n  open the report: {tmp_path / 'r' / 'report.html'}\n" in result.output
     assert {p.name for p in (tmp_path / "r").iterdir()} == {"curves.png", "heatmaps.png", "plateau.png",
                                                               "report.html"}
     result = CliRunner().invoke(main, ["report", str(tmp_path / "nowhere")])

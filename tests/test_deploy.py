@@ -24,6 +24,7 @@ from isiwatch.cli.deploy import DEPLOYMENT
 from isiwatch.io.data import embedded_digits
 from isiwatch.measure.analysis import METRICS
 from isiwatch.measure.metric_table import HEATMAP_METRICS
+from isiwatch.measure.vocabulary import alert_hint
 
 DEPLOY = Path(str(DEPLOYMENT))  # the packaged copy, which `isiwatch deploy DIR` writes out
 PROMETHEUS_DIR = DEPLOY / "prometheus"
@@ -92,6 +93,23 @@ def test_every_alerting_rule_passes_its_promtool_unit_test():
     rules = {rule["alert"] for rule in alerting_rules()}
     assert {"IsiwatchPlateauOnset", "IsiwatchExporterStale", "IsiwatchIsiStall", "IsiwatchNonFinite"} <= rules
     assert tested == rules
+
+
+def test_every_rule_on_a_watch_alert_carries_the_kinds_hint_and_its_unit_test_expects_it():
+    """The hint annotation is the record's hint (`isiwatch.measure.vocabulary.alert_hint`), so an alert fired in
+    Prometheus says what to try as the terminal and the report do; promtool's unit tests expect that text too."""
+    kinds = {rule["alert"]: re.search(r'kind="(\w+)"', rule["expr"]) for rule in alerting_rules()}
+    kinds = {alert: found.group(1) for alert, found in kinds.items() if found}
+    assert set(kinds.values()) == {"plateau_onset", "isi_stall", "non_finite", "monitor_error"}
+    for rule in alerting_rules():
+        if rule["alert"] in kinds:
+            assert rule["annotations"]["hint"] == alert_hint(kinds[rule["alert"]]), rule["alert"]
+    expected = [(case["alertname"], alert["exp_annotations"]) for path in RULE_TESTS
+                for test in yaml.safe_load(path.read_text())["tests"] for case in test.get("alert_rule_test", [])
+                for alert in case.get("exp_alerts", [])]
+    assert {name for name, _ in expected} >= set(kinds)
+    for name, annotations in expected:
+        assert annotations.get("hint") == (alert_hint(kinds[name]) if name in kinds else None), name
 
 
 @pytest.fixture(scope="module")

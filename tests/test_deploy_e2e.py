@@ -28,6 +28,7 @@ from test_watch import mixing_vit, set_middle_blocks
 
 from isiwatch import Watch
 from isiwatch.io.data import embedded_digits
+from isiwatch.measure.vocabulary import alert_hint
 
 RUN = "e2e"
 ALERT_TIMEOUT_S = 60
@@ -182,6 +183,7 @@ def test_plateau_onset_alert_goes_pending_then_firing_in_prometheus(live):
     for alert in (pending, firing):
         assert alert["labels"] == {"alertname": "IsiwatchPlateauOnset", "run": RUN, "severity": "warning"}
         assert "over blocks 1–5 since step" in alert["annotations"]["description"]
+        assert alert["annotations"]["hint"] == alert_hint("plateau_onset")  # what to try, as the record says
     assert firing["activeAt"] == pending["activeAt"]  # the same alert, now past its for: delay
     # the episode opened plateau_patience (3) samples after the change, and the alert names that step
     assert live["onset"].step == live["changed_at_step"] + 3

@@ -32,6 +32,7 @@ from test_faults import (  # noqa: F401  (digits, own_disk, unwatched: fixtures)
 
 from isiwatch import Exporter, Watch
 from isiwatch.cli.report import read_run
+from isiwatch.watch.alerts import alert_line
 from isiwatch.watch.config import ConfigError
 from isiwatch.watch.exporters import JsonlExporter, MlflowExporter, WandbExporter
 
@@ -211,7 +212,7 @@ def test_fault_matrix(fault, name, digits, unwatched, tmp_path, own_disk, capfd,
     else:
         opened = Counter(r.data["source"] for r in faults if r.kind == "monitor_error")
         assert all(count == 1 for count in opened.values()), faults
-        assert Counter(ours) == Counter(f"isiwatch: [{r.kind}] step {r.step}: {r.message}" for r in faults)
+        assert Counter(ours) == Counter(f"isiwatch: {alert_line(r)}" for r in faults)
     assert not [line for line in err if "Traceback" in line], err
     # a recovery record closes every episode
     for source in {r.data["source"] for r in faults}:

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from isiwatch import Exporter, SampleContext, Watch
+from isiwatch.measure.vocabulary import alert_hint
 from isiwatch.watch.config import ConfigError
 
 
@@ -411,8 +412,8 @@ def test_a_failure_on_one_rank_makes_every_rank_skip_that_sample(tmp_path):
     # rank 0 speaks for the job; rank 1, whose probe pass failed, stays silent (no logging set up there)
     assert ranks[0]["stderr"] == [
         "isiwatch: [monitor_error] step 2: probe pass failed (it failed on another rank); the sample's other parts "
-        "and training continue", "isiwatch: [monitor_error_cleared] step 6: probe pass works again after 1 failure "
-        "since step 2"]
+        f"and training continue (hint: {alert_hint('monitor_error')})",
+        "isiwatch: [monitor_error_cleared] step 6: probe pass works again after 1 failure since step 2"]
     assert ranks[1]["stderr"] == []
 
 
@@ -761,9 +762,11 @@ def test_an_alert_callback_that_raises_is_reported_once_and_cleared(digits, unwa
     assert_unperturbed(result, unwatched)
     lines = capsys.readouterr().err.splitlines()
     assert lines == ["isiwatch: [monitor_error] step 2: alert_callback failed (ValueError: callback bug on "
-                     "norm_friction_high (injected)); the sample's other parts and training continue",
+                     "norm_friction_high (injected)); the sample's other parts and training continue "
+                     f"(hint: {alert_hint('monitor_error')})",
                      "isiwatch: [monitor_error] step 4: probe pass failed (RuntimeError: probe pass failed "
-                     "(injected)); the sample's other parts and training continue",
+                     "(injected)); the sample's other parts and training continue "
+                     f"(hint: {alert_hint('monitor_error')})",
                      "isiwatch: [monitor_error_cleared] step 8: probe pass works again after 1 failure since step 4",
                      "isiwatch: [monitor_error_cleared] step 8: alert_callback works again after 2 failures since "
                      "step 2"]

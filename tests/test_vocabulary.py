@@ -17,7 +17,7 @@ from isiwatch.io.data import embedded_digits
 from isiwatch.measure.analysis import Analysis
 from isiwatch.measure.phases import Phases
 from isiwatch.measure.tables import phases_line
-from isiwatch.measure.vocabulary import ALERTS, DOC_TABLES, EPISODES, PHASES, markdown_table
+from isiwatch.measure.vocabulary import ALERTS, DOC_TABLES, EPISODES, PHASES, alert_hint, markdown_table
 from isiwatch.watch.alerts import ALERT_KINDS, Alert
 from isiwatch.watch.exporters.tensorboard import TensorBoardExporter
 from isiwatch.watch.freezing import KIND as FREEZE_KIND
@@ -98,6 +98,7 @@ def test_tensorboard_text_defines_the_alert_kind(tmp_path):
     events.Reload()
     texts = [e.tensor_proto.string_val[0].decode() for e in events.Tensors("isiwatch/alerts/text_summary")]
     assert texts == [
-        f"**slow_start** (info): slow start over blocks 0–2 of token_similarity\n\nslow_start: {ALERTS['slow_start']}",
+        f"**slow_start** (info): slow start over blocks 0–2 of token_similarity\n\nhint: {alert_hint('slow_start')}\n\n"
+        f"slow_start: {ALERTS['slow_start']}",
         f"**slow_start_cleared** (info): slow_start cleared\n\nslow_start: {ALERTS['slow_start']}; "
         f"cleared: {EPISODES['cleared']}"]

@@ -500,7 +500,8 @@ def test_alerts_still_reach_the_users_logging_handlers(digits, caplog):
     with caplog.at_level(logging.WARNING, logger="isiwatch"):
         (alert,) = plateau_alert_run(digits[2])
     assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
-        ("isiwatch", logging.WARNING, f"[plateau_onset] step 1: {alert.message}")]
+        ("isiwatch", logging.WARNING, f"[plateau_onset] step 1: {alert.message} (hint: {alert.hint})")]
+    assert alert.hint.startswith("the blocks over the plateau (blocks ") and "isiwatch truncate" in alert.hint
 
 
 # -- the Watch's own cost ------------------------------------------------------------------------------------

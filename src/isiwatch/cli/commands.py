@@ -273,10 +273,15 @@ def report(run_dir: Path, out: Path | None) -> None:
     if not run_dir.is_dir():  # before the report's imports, which load torch
         raise click.ClickException(f"{run_dir}: no such run directory")
     existing = check_paths(folders={"--out": out if out is not None else run_dir / "report"})
-    from .report import write_report
+    from .next_steps import next_steps
+    from .report import read_run, write_records_report
 
-    for path in write_report(run_dir, out, warn=lambda line: click.echo(f"warning: {line}", err=True)):
+    records = read_run(run_dir, warn=lambda line: click.echo(f"warning: {line}", err=True))
+    paths = write_records_report(records, out)
+    for path in paths:
         click.echo(wrote(path, existing))
+    for line in next_steps(records, paths[-1]):
+        click.echo(line)
 
 
 @main.command()

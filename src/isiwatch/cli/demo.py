@@ -37,8 +37,9 @@ from ..watch.config import load_yaml
 from ..watch.log_folder import holder
 from ..watch.monitor import Watch
 from .demo_models import pretrained_model, scratch_model
+from .next_steps import next_steps
 from .offline import analysis_record, write_analysis
-from .report import write_report
+from .report import read_run, write_records_report
 
 if TYPE_CHECKING:
     from ..watch.alerts import Alert
@@ -179,11 +180,14 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
                "prometheus_port": prometheus_port, **(load_yaml(config).watch if config else {})}
 
     glossary = Glossary()  # each phase word and alert kind is defined the first time it is printed
+    hinted: set[str] = set()  # and each kind's hint given the first time
 
     def print_alert(alert: Alert) -> None:
         defined = glossary.new(alert_words(alert.kind))
+        hint = alert.hint if alert.hint and alert.kind not in hinted else ""
+        hinted.add(alert.kind)
         tqdm.write(f"  [{alert.severity}] step {alert.step}: {alert.kind}: {alert.message}"
-                   + (f"\n    ({defined})" if defined else ""))
+                   + (f"\n    hint: {hint}" if hint else "") + (f"\n    ({defined})" if defined else ""))
 
     head = f", head {settings.head_lr:g}" if settings.head_lr is not None else ""
     echo(f"training {demo_model.what} on {len(train_x)} embedded MNIST digits for {settings.epochs} "
@@ -250,7 +254,7 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
         with clock.phase("analysis"):
             result = analyze(model, test_x, test_y, batch_size=settings.analysis_batch or len(test_x))
             result.model_info.update({"arch": demo_model.arch, "model_kwargs": kwargs, "checkpoint": str(ckpt),
-                                      "sha256": sha256_of(ckpt), "held_out_accuracy": acc})
+                                      "sha256": sha256_of(ckpt), "held_out_accuracy": acc, "data": "mnist"})
             record = analysis_record(result)
             analysis_path = write_analysis(result, out)[0]
         echo(analysis_table(result))
@@ -280,9 +284,12 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
             echo(str(no_cut_line(truncated.report)))
             write_json(out / "truncate_report.json", truncated.report)
         with clock.phase("report"):
-            report_paths = write_report(out, out / "report")
+            records = read_run(out)
+            report_paths = write_records_report(records, out / "report")
         echo(f"wrote {out}/: model.pt, analysis.json, curves.png, metrics.jsonl, alerts.jsonl, TensorBoard events, "
              f"{'truncated.pt, ' if truncated.cut else ''}truncate_report.json, {report_paths[-1].relative_to(out)}")
+        for line in next_steps(records, report_paths[-1]):
+            echo(line)
         if exporter:
             _serve(exporter, serve, echo)
     finally:

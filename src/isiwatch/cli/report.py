@@ -16,7 +16,7 @@ from ..measure.plots import plot_curves, plot_heatmaps, plot_plateau_timeline
 from .report_page import page
 from .run_records import RunRecords, Warn, read_run
 
-__all__ = ["RunRecords", "Warn", "read_run", "write_plots", "write_report"]
+__all__ = ["RunRecords", "Warn", "read_run", "write_plots", "write_records_report", "write_report"]
 
 
 def _grid(samples: list[dict[str, Any]], metric: str) -> list[list[float]]:
@@ -48,7 +48,11 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, warn: Warn 
     Every input is read and checked first (`read_run`), and the files are staged and moved into ``out``
     together (`atomic_files`): a bad input or a failure on the way writes nothing.
     """
-    records = read_run(run_dir, warn)
+    return write_records_report(read_run(run_dir, warn), out)
+
+
+def write_records_report(records: RunRecords, out: str | Path | None = None) -> list[Path]:
+    """`write_report` of a run already read (`read_run`)."""
     out = Path(out) if out is not None else records.run_dir / "report"
     with atomic_files(out, last=("report.html",)) as stage:
         plots = write_plots(records, stage)

@@ -115,7 +115,7 @@ def _alert_definitions(records: RunRecords) -> str:
 def page(records: RunRecords, plots: dict[str, Path]) -> str:
     """The whole page: summary, per-layer curves, heat-maps, plateau timeline, alerts and truncation, with
     ``plots`` (`write_plots`' files) embedded."""
-    alerts = [[a["step"], a["kind"], a["severity"], a["message"]] for a in records.alerts]
+    alerts = [[a["step"], a["kind"], a["severity"], a["message"], a["hint"]] for a in records.alerts]
     title = html.escape(f"isiwatch report: {run_name(records)}")
     parts = [f"<h1>{title}</h1>",
              *(f'<p class="warning">warning: {html.escape(line)}</p>' for line in records.mixed),
@@ -126,7 +126,8 @@ def page(records: RunRecords, plots: dict[str, Path]) -> str:
                   table(header, rows), "<h3>Columns</h3>", _glossary(header)]
     parts += ["<h2>Depth × training step</h2>", figure(plots["heatmaps"], "heat-maps"),
               "<h2>Slow start and plateau over training</h2>", figure(plots["plateau"], "plateau timeline"),
-              "<h2>Alerts</h2>", table(["step", "kind", "severity", "message"], alerts) + _alert_definitions(records)
+              "<h2>Alerts</h2>",
+              table(["step", "kind", "severity", "message", "hint"], alerts) + _alert_definitions(records)
               if alerts else "<p>No alerts.</p>"]
     if records.truncation:
         parts += ["<h2>Truncation</h2>", truncation_section(records.truncation)]

@@ -18,6 +18,7 @@ from .._utils.state import is_number
 from ..io.checkpoint import sha256_of
 from ..measure.analysis import Analysis
 from ..measure.tables import analysis_rows
+from ..measure.vocabulary import alert_hint
 from ..truncation.report_html import truncation_section
 
 
@@ -91,7 +92,15 @@ def _alert_problem(record: dict[str, Any]) -> str | None:
     if not is_number(record.get("step")):
         return "'step' is missing or not a number"
     missing = [key for key in ("kind", "severity", "message") if not isinstance(record.get(key), str)]
-    return f"{missing[0]!r} is missing or not a string" if missing else None
+    if missing:
+        return f"{missing[0]!r} is missing or not a string"
+    return "'hint' is not a string" if not isinstance(record.get("hint", ""), str) else None
+
+
+def _with_hint(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its ``hint``: a record written before records had one gets its kind's
+    (`isiwatch.measure.vocabulary.alert_hint`)."""
+    return {**record, "hint": record.get("hint") or alert_hint(record["kind"], record.get("data"))}
 
 
 def _records(path: Path, warn: Warn, problem: Callable[[dict[str, Any]], str | None]) -> list[dict[str, Any]]:
@@ -143,7 +152,7 @@ def read_run(run_dir: str | Path, warn: Warn | None = None) -> RunRecords:
     samples = _records(run_dir / "metrics.jsonl", warn, _sample_problem)
     if not any(s.get("layers") for s in samples):
         raise ValueError(f"{run_dir}: no samples in metrics.jsonl (is this an isiwatch log_dir?)")
-    alerts = _records(run_dir / "alerts.jsonl", warn, _alert_problem)
+    alerts = [_with_hint(a) for a in _records(run_dir / "alerts.jsonl", warn, _alert_problem)]
     analysis, recommendation = (_json_file(run_dir / "analysis.json", "an isiwatch analysis", _analysis)
                                 or (None, None))
     truncation = _json_file(run_dir / "truncate_report.json", "an isiwatch truncation report", _truncation)

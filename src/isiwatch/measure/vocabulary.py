@@ -7,6 +7,8 @@ words from here, so one stretch of blocks never has two names.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 #: The phases of a per-layer curve (`isiwatch.measure.phases`), in depth order. A flat stretch has one name by where
 #: it starts (`plateau_name`): "slow start" from block 0, else "plateau".
 PHASES = {
@@ -48,6 +50,49 @@ ACTIONS = ("early_stop", "blocks_frozen", "sampling_interval")
 #: Every word above with its definition: what a glossary renders.
 VOCABULARY = {**PHASES, **EPISODES, **ALERTS}
 
+#: What each kind of alert record means for the run and what to try next, in the options, calls and commands a user
+#: types: every record carries its kind's hint (`alert_hint`), and the terminal, the report, the docs and the
+#: Prometheus rules' ``hint`` annotations show it. A ``sampling_interval`` record asks nothing of the user: no hint.
+#: ``{span}`` stands for the record's flat stretch (" (blocks 2–5)").
+HINTS = {
+    "plateau_onset": "the blocks over the plateau{span} barely change the representation: the ones after its "
+                     "first are candidates for removal. After training, `isiwatch truncate CHECKPOINT --data DATA "
+                     "--max-drop 1 --out OUT` tests cutting them and writes the cheapest cut whose accuracy drop is "
+                     "certified within 1 point; `isiwatch analyze CHECKPOINT` prints the recommended depth "
+                     "(`isiwatch.recommend_depth`)",
+    "slow_start": "the first blocks{span} barely change the curve yet, as in a model trained from scratch: nothing "
+                  "to do while it trains. If it lasts to the end, `isiwatch truncate CHECKPOINT --data DATA "
+                  "--max-drop 1 --out OUT` tests whether the model needs all its blocks (it writes a cut only when "
+                  "the accuracy drop is certified within 1 point)",
+    "isi_stall": "the attention's token mixing (mean ISI) stopped growing while the loss still falls: the blocks "
+                 "may have stopped learning. Try a higher peak learning rate or a longer warmup, and check that the "
+                 "probe accuracy (probe_cls) still rises before training longer",
+    "cls_marginalized": "the [CLS] token holds less of the class than the average patch token at the last block: "
+                        "pool the patches for the head instead (`global_pool='avg'` in timm.create_model, then "
+                        "fine-tune), or train longer and watch whether [CLS] catches up",
+    "non_finite": "training diverged or the data holds NaN/Inf: lower the learning rate, clip the gradients "
+                  "(torch.nn.utils.clip_grad_norm_), check the batch for NaN/Inf inputs, use bf16 or a GradScaler "
+                  "under fp16, and resume from a checkpoint saved before this step",
+    "norm_friction_high": "the shared norms work to pull [CLS] apart from the patches: token-specialised norms may "
+                          "take that work over: `isiwatch specialize CHECKPOINT --out OUT`, then fine-tune",
+    "monitor_error": "training is unaffected but its monitoring is partial: the message names the failing part (a "
+                     "full disk, a taken port, an unreachable push gateway); fix it, or pass strict=True to the Watch "
+                     "to raise the error while debugging",
+    "early_stop": "save the checkpoint now; to train on, loosen the rule that stopped it (a higher patience, or "
+                  "plateau_patience for stop_on_plateau) or turn it off (no monitor, stop_on_plateau=False)",
+    "blocks_frozen": "the frozen blocks no longer train (backward stops before them); if the probe accuracy stops "
+                     "rising afterwards, train again with a stricter FreezePolicy (a lower tolerance, a higher "
+                     "patience) or freeze_settled=False",
+}
+
+
+def alert_hint(kind: str, data: object = None) -> str:
+    """The hint of alert record ``kind`` (`HINTS`), with the flat stretch of its ``data`` ("plateau": [start, end])
+    when it has one; "" for a ``*_cleared`` record (nothing to do) or a kind of another version."""
+    span = data.get("plateau") if isinstance(data, Mapping) else None
+    where = f" (blocks {span[0]}–{span[1]})" if isinstance(span, list) and len(span) == 2 else ""
+    return HINTS.get(kind, "").replace("{span}", where)
+
 
 def plateau_name(span: tuple[int, int]) -> str:
     """The name of a flat stretch of blocks ``span``: "slow start" from block 0 (no Cliff before it), else
@@ -62,16 +107,17 @@ def legend(words: list[str] | tuple[str, ...]) -> str:
 
 #: The tables the docs pages hold between ``<!-- vocabulary: NAME -->`` and ``<!-- /vocabulary: NAME -->``
 #: (``tests/test_vocabulary.py`` keeps each equal to `markdown_table`): name → (first column's header, words,
-#: whether the words are code).
-DOC_TABLES = {"phases": ("phase", PHASES, False), "alerts": ("alert kind", ALERTS, True),
-              "episodes": ("episode", EPISODES, False)}
+#: whether the words are code, each word's hint or None for a table without that column).
+DOC_TABLES = {"phases": ("phase", PHASES, False, None), "alerts": ("alert kind", ALERTS, True, HINTS),
+              "episodes": ("episode", EPISODES, False, None)}
 
 
 def markdown_table(name: str) -> str:
-    """The Markdown table ``name`` of `DOC_TABLES`: each word and its definition."""
-    header, words, code = DOC_TABLES[name]
-    rows = [f"| {header} | meaning |", "|---|---|"]
-    return "\n".join(rows + [f"| {f'`{w}`' if code else w} | {d} |" for w, d in words.items()])
+    """The Markdown table ``name`` of `DOC_TABLES`: each word, its definition and, for the alert kinds, its hint."""
+    header, words, code, hints = DOC_TABLES[name]
+    rows = [f"| {header} | meaning |" + (" hint |" if hints else ""), "|---|---|" + ("---|" if hints else "")]
+    return "\n".join(rows + [f"| {f'`{w}`' if code else w} | {d} |" + (f" {alert_hint(w)} |" if hints else "")
+                             for w, d in words.items()])
 
 
 def alert_words(kind: str) -> list[str]:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._utils.state import checked, is_count
-from ..measure.vocabulary import ALERTS, PHASES, plateau_name
+from ..measure.vocabulary import ALERTS, PHASES, alert_hint, plateau_name
 from .friction import friction_alert
 from .probe_evidence import PairedProbes, holds
 
@@ -41,7 +41,9 @@ assert set(ALERT_KINDS) <= set(ALERTS)
 
 @dataclass
 class Alert:
-    """One alert record: ``kind`` (``*_cleared`` closes an episode), the training ``step``, unix ``time``."""
+    """One alert record: ``kind`` (``*_cleared`` closes an episode), the training ``step``, unix ``time``;
+    ``hint``: what to try next, by default its kind's (`isiwatch.measure.vocabulary.HINTS`, with the record's span),
+    "" for a ``*_cleared`` record."""
 
     kind: str
     step: int
@@ -50,6 +52,10 @@ class Alert:
     severity: str
     message: str
     data: dict[str, Any] = field(default_factory=dict)
+    hint: str = ""
+
+    def __post_init__(self) -> None:
+        self.hint = self.hint or alert_hint(self.kind, self.data)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -171,8 +177,12 @@ class AlertRules:
 
 def log_sink(alert: Alert) -> None:
     """Python logging: logger ``isiwatch``, level from the severity."""
-    logger.log(SEVERITY_LEVELS.get(alert.severity, logging.INFO), "[%s] step %d: %s", alert.kind, alert.step,
-               alert.message)
+    logger.log(SEVERITY_LEVELS.get(alert.severity, logging.INFO), "%s", alert_line(alert))
+
+
+def alert_line(alert: Alert) -> str:
+    """An alert record as one terminal line: ``[kind] step N: message (hint: ...)``."""
+    return f"[{alert.kind}] step {alert.step}: {alert.message}" + (f" (hint: {alert.hint})" if alert.hint else "")
 
 
 class AlertEngine:

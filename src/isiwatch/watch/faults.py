@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 from types import TracebackType
 
-from .alerts import ALERT_KINDS, Alert, AlertEngine
+from .alerts import ALERT_KINDS, Alert, AlertEngine, alert_line
 
 logger = logging.getLogger("isiwatch")
 
@@ -193,7 +193,7 @@ class FaultLog:
         """Print ``record`` on stderr when no logging is set up (and ``echo``), then dispatch it to the Watch's
         sinks (printed first: a sink may report a failure of its own, whose line then follows this one)."""
         if self.echo:
-            to_stderr(f"isiwatch: [{record.kind}] step {record.step}: {record.message}")
+            to_stderr(f"isiwatch: {alert_line(record)}")
         self.alerts.dispatch(record)
 
     def guard(self, source: str, step: int, *, strict: bool = False, report: bool = True, recover: bool = True,

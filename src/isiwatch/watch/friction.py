@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..measure.vocabulary import alert_hint
+
 if TYPE_CHECKING:
     from ..measure.analysis import Analysis
 
@@ -32,7 +34,8 @@ def friction_alert(source: Analysis | Mapping[str, Sequence[float]] | Sequence[f
 
     ``source``: an [`Analysis`][isiwatch.Analysis], a ``layers`` mapping of curves, or the
     norm_friction curve itself (one value per block; non-finite values are ignored). Returns
-    ``{"kind", "severity": "info", "message", "data"}``; the caller adds step/time/run and episodes.
+    ``{"kind", "severity": "info", "message", "data", "hint"}`` (the hint: what to try, the kind's
+    `isiwatch.measure.vocabulary.HINTS`); the caller adds step/time/run and episodes.
     None as well when the model has no [CLS] (no curve) or no finite value.
     """
     layers: Any = getattr(source, "layers", source)
@@ -50,4 +53,5 @@ def friction_alert(source: Analysis | Mapping[str, Sequence[float]] | Sequence[f
         "message": (f"norm_friction {peak:.3f} at block {layer} ≥ {threshold:g} in {len(above)} block(s): the shared "
                     "norms separate [CLS] from the patches; token-specialised norms (isiwatch specialize) may help"),
         "data": {"max_friction": peak, "layer": layer, "threshold": threshold, "blocks_above": above},
+        "hint": alert_hint(ALERT_KIND),
     }

@@ -53,8 +53,10 @@ RENDER_NICE = 19
 
 
 def alert_text(alert: Alert) -> str:
-    """An alert record as TensorBoard's text (Markdown): kind, severity and message, then what the kind means."""
-    return f"**{alert.kind}** ({alert.severity}): {alert.message}\n\n{legend(alert_words(alert.kind))}".rstrip()
+    """An alert record as TensorBoard's text (Markdown): kind, severity and message, its hint, then what the kind
+    means."""
+    hint = f"\n\nhint: {alert.hint}" if alert.hint else ""
+    return f"**{alert.kind}** ({alert.severity}): {alert.message}{hint}\n\n{legend(alert_words(alert.kind))}".rstrip()
 
 
 class _QuietWriterThreads:
