@@ -123,6 +123,7 @@ class LogFolderLock:
         self._fd: int | None = None
         self._unsupported = fcntl is None  # Windows, or a file system without flock: never locked
         self._refused = False
+        self._failure: OSError | None = None  # why the last try could not open the lock file
         self.acquire()
 
     def acquire(self) -> None:
@@ -138,8 +139,10 @@ class LogFolderLock:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError:
+            except OSError as exc:
+                self._failure = exc
                 return
+            self._failure = None
             with _TAKING:  # in this process a lock and its holder's record appear together: a refused thread reads
                 try:
                     _lock(fd)
@@ -165,6 +168,17 @@ class LogFolderLock:
             os.close(fd)
             raise FolderInUse(f"log_dir {shown_path(self.path.parent)} is in use by {holder}: one Watch writes a "
                               "log folder; give this run its own log_dir (or close the other Watch first)")
+
+    def claim(self) -> None:
+        """Take the lock before writing into the folder, or raise: nothing is written there unlocked.
+
+        Raises:
+            FolderInUse: Another Watch holds the folder.
+            OSError: The folder cannot be written now (the lock file cannot be created), as the write would fail.
+        """
+        self.acquire()
+        if self._fd is None and not self._unsupported:
+            raise self._failure or OSError(f"log_dir {shown_path(self.path.parent)}: its lock file kept changing")
 
     @property
     def held(self) -> bool:
