@@ -88,7 +88,7 @@ class Fanout:
             reserve_std_fds()  # stderr may have been closed since the last call; an exporter may open a file now
         for i, exporter in enumerate(exporters):
             source = f"exporter {names[i]}" if names.count(names[i]) == 1 else f"exporter {names[i]}[{i}]"
-            in_use = f"{source} (log_dir in use)"  # its own episode: said even while the exporter already fails
+            in_use = f"{source} (run folder in use)"  # its own episode: said even while the exporter already fails
             with self.faults.guard(source, self.step(), strict=self.options.strict, recover=hook == "write_sample",
                                    sources_by_type={FolderInUse: in_use}):
                 results.append(getattr(exporter, hook)(*args))

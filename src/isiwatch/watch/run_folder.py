@@ -17,6 +17,8 @@ import time
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
 
+from .._utils.files import shown_path
+
 if TYPE_CHECKING:
     from .config import WatchOptions
 
@@ -97,3 +99,17 @@ def runs_in(log_dir: Path) -> list[Path]:
     """The run folders under ``log_dir`` (its folders holding a ``metrics.jsonl``), the last written last."""
     folders = [p.parent for p in log_dir.glob(f"*/{RECORDS[0]}") if p.is_file()]
     return sorted(folders, key=lambda p: ((p / RECORDS[0]).stat().st_mtime, p.name))
+
+
+#: Run folders a `latest_run_line` names, the latest ones; an earlier one is left to ``ls``.
+NAMED_RUNS = 4
+
+
+def latest_run_line(log_dir: Path, runs: list[Path]) -> str:
+    """The one line ``isiwatch report LOG_DIR`` prints before it reports the latest of ``runs`` (`runs_in`)."""
+    names = [p.name for p in runs[-NAMED_RUNS:]]
+    shown = ", ".join((["..."] if len(runs) > NAMED_RUNS else []) + names)
+    if len(runs) == 1:
+        return f"{shown_path(log_dir)} holds 1 run: reporting {shown_path(runs[-1])}"
+    return (f"{shown_path(log_dir)} holds {len(runs)} runs ({shown}): reporting the latest, {shown_path(runs[-1])} "
+            "(pass a run's folder for another)")
