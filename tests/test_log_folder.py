@@ -26,18 +26,21 @@ def steps_in(path):
 def test_a_second_watch_on_a_folder_in_use_is_refused_naming_the_first(digits, tmp_path):  # noqa: F811
     _, _, px, py = digits
     model = tiny_vit()
-    with Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="first", heatmap_every=1000) as first:
+    with Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="first",
+               heatmap_every=1000) as first:
         first.step(1, 1.0)
         before = (tmp_path / "metrics.jsonl").read_bytes()
         with pytest.raises(FolderInUse) as refused:
-            Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="second", heatmap_every=1000)
+            Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="second",
+                  heatmap_every=1000)
         message = str(refused.value)
         assert "\n" not in message and "run 'first'" in message and f"pid {os.getpid()}" in message
         assert holder(tmp_path) is not None and "run 'first'" in holder(tmp_path)
         first.step(2, 1.0)
         assert (tmp_path / "metrics.jsonl").read_bytes().startswith(before)  # the refused Watch touched nothing
     assert holder(tmp_path) is None
-    with Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="second", heatmap_every=1000) as second:
+    with Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="second",
+               heatmap_every=1000) as second:
         second.step(3, 1.0)  # the folder is free once the first Watch closed
     assert [json.loads(line)["run"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
         "first", "first", "second"]
@@ -51,7 +54,8 @@ def test_a_watch_nobody_references_does_not_hold_the_folder(digits, tmp_path):  
     gc.disable()  # the old Watch stays uncollected until the lock asks for a collection
     try:
         Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="old", heatmap_every=1000)
-        watch = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="new", heatmap_every=1000)
+        watch = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="new",
+                      heatmap_every=1000)
     finally:
         gc.enable()
     assert "run 'new'" in holder(tmp_path)
@@ -275,7 +279,8 @@ def test_a_closed_watch_leaves_no_lock_file_and_the_folder_free(tmp_path):
     from isiwatch.watch import log_folder
 
     x = torch.randn(16, 1, 28, 28)
-    with Watch(tiny_vit(), x, torch.arange(16) % 10, every_n_steps=1, log_dir=str(tmp_path), run_folder=".", run_name="first"):
+    with Watch(tiny_vit(), x, torch.arange(16) % 10, every_n_steps=1, log_dir=str(tmp_path), run_folder=".",
+               run_name="first"):
         assert "run 'first'" in holder(tmp_path)
     assert not (tmp_path / log_folder.LOCK_NAME).exists() and (tmp_path / "metrics.jsonl").exists()
     again = LogFolderLock(tmp_path, "second")  # the next run takes the folder with a new lock file
