@@ -145,6 +145,7 @@ class Watch:
         built = build_exporters(opts, self.run, self.run_dir, registry, exporters) if self.rank == 0 else ([], None)
         self.exporters, self._prometheus = built
         self._in_run_dir = self.exporters[:2] if self.run_dir is not None else []  # JSONL and TensorBoard
+        self._loaded_folder: str | None = None  # a loaded state's run folder, saved on by a Watch that writes none
         self._fanout = Fanout(self.run, lambda: self.exporters, opts, lambda: self.last_step or 0, alert_callback,
                               echo=self.rank == 0)
         self.alerts, self.faults = self._fanout.alerts, self._fanout.faults
@@ -260,10 +261,11 @@ class Watch:
         """Everything needed to resume alerts, onset tracking and early stopping (not the history)."""
         reached = max((s for s in (self._seen_step, self.last_step) if s is not None), default=None)
         policies = Policies(self.tracker, self.stoppers, self.plateau_stopper)
-        folder = None if self.run_dir is None else Path(os.path.relpath(self.run_dir, self.options.log_dir or ""))
+        folder = self._loaded_folder if self.run_dir is None else \
+            Path(os.path.relpath(self.run_dir, self.options.log_dir or "")).as_posix()
         return SavedState(self.run, reached, self.last_step, self.should_stop, self.stop_reason, policies, self.alerts,
                           list(self.rules.stall), self.interval, self.freezer.state_dict() if self.freezer else None,
-                          None if folder is None else folder.as_posix()).to_dict()
+                          folder).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore [`state_dict`][isiwatch.Watch.state_dict]'s output, all or nothing: the whole state is validated (and
@@ -283,6 +285,7 @@ class Watch:
             raise
         if target is not None and lock is not None:
             self._continue_in(target, lock, saved.alerts.run)
+        self._loaded_folder = saved.run_folder
         if saved.alerts.run != self.run:
             self.run = self.alerts.run = saved.alerts.run
             self._fanout.each("rename", self.run)
