@@ -36,7 +36,8 @@ def main(log_dir: str) -> None:
     torch.set_num_threads(1)
     model = tiny_vit(depth=2, dim=16)
     x, y = embedded_digits()
-    with Watch(model, x[4000:4016], y[4000:4016], every_n_steps=1, log_dir=log_dir, registry=CollectorRegistry(),
+    with Watch(model, x[4000:4016], y[4000:4016], every_n_steps=1, log_dir=log_dir, run_folder=".",
+               registry=CollectorRegistry(),
                history_size=50, heatmap_every=500) as watch:
         for step in range(1, 501):
             watch.step(step)

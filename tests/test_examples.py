@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from run_dirs import run_dir
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -13,7 +15,7 @@ def test_plain_loop_example(tmp_path):
                            "--log-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "last sample at step 4" in proc.stdout
-    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in (run_dir(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     assert steps == [2, 4]
 
 

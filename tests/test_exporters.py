@@ -61,7 +61,7 @@ def test_user_exporter_gets_every_sample_with_the_watch_context(digits, tmp_path
         assert "norm_friction_high" in context.active_alerts and context.stop_requested
         with pytest.raises(dataclasses.FrozenInstanceError):
             context.run = "other"
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    lines = (watch.run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2]  # the built-ins ran alongside
 
 

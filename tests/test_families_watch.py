@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers as hf
+from run_dirs import run_dir
 from test_families import HF, HF_SIZE, TIMM, make_hf, make_timm
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -35,14 +36,14 @@ def test_watch_samples_every_family(family, digits, tmp_path):
     model = make_timm(family) if family in TIMM else make_hf(family)
     _, _, px, py = digits
     depth = vit_parts(model).depth
-    with isiwatch.Watch(model, px, py, every_n_steps=1, log_dir=tmp_path) as watch:
+    with isiwatch.Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".") as watch:
         watch.step(1, 0.5)
         sample = watch.history[-1]
     for metric in CORE:
         values = sample.layers[metric]
         assert len(values) == depth and all(math.isfinite(v) for v in values), (family, metric)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    lines = (run_dir(tmp_path) / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["step"] == 1
 
 
@@ -78,7 +79,7 @@ def test_lightning_callback_on_new_families(kind, digits, tmp_path):
                          enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                          default_root_dir=tmp_path, num_sanity_val_steps=0)
     trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=32))
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4]
     depth = vit_parts(module).depth
     assert all(len(r["layers"]["isi"]) == depth for r in records)
@@ -110,6 +111,6 @@ def test_transformers_callback_on_new_families(kind, digits, tmp_path):
     trainer = hf.Trainer(model=model, args=args, train_dataset=data)
     add_callback(trainer, HFCallback(px, py, every_n_steps=2, log_dir=tmp_path / "isiwatch"))
     trainer.train()
-    records = [json.loads(line) for line in (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir(tmp_path / "isiwatch") / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4]
     assert all(len(r["layers"]["isi"]) == vit_parts(model).depth for r in records)

@@ -91,7 +91,7 @@ def backend(name, folder, request, monkeypatch):
             accumulator = EventAccumulator(str(folder))
             accumulator.Reload()
             return [e.step for e in accumulator.Scalars("isiwatch/isi/layer_00")]
-        return Backend(name, folder, {"log_dir": folder, "heatmap_every": 1000}, events)
+        return Backend(name, folder, {"log_dir": folder, "run_folder": ".", "heatmap_every": 1000}, events)
     if name == "prometheus_http":
         scraped = []
 

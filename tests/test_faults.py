@@ -114,7 +114,7 @@ def test_a_probe_pass_that_fails_twice_is_reported_once_and_cleared(digits, unwa
     x, y, px, py = digits
     model = tiny_vit()
     ProbeFault(model, times=2)
-    watch = Watch(model, px, py, every_n_steps=2, log_dir=tmp_path, registry=CollectorRegistry())
+    watch = Watch(model, px, py, every_n_steps=2, log_dir=tmp_path, run_folder=".", registry=CollectorRegistry())
     result = train(model, x, y, 12, watch)
     watch.close()
     assert_unperturbed(result, unwatched)
@@ -229,7 +229,7 @@ def test_a_full_disk_under_log_dir_does_not_stop_training_and_export_recovers(di
     model = tiny_vit()
     ballast = small_disk / "ballast"
     records = []
-    watch = Watch(model, px, py, every_n_steps=1, log_dir=small_disk / "run", heatmap_every=1000,
+    watch = Watch(model, px, py, every_n_steps=1, log_dir=small_disk / "run", run_folder=".", heatmap_every=1000,
                   alert_callback=records.append)
 
     def disk(step):
@@ -487,7 +487,7 @@ def test_a_log_dir_made_read_only_mid_run_is_reported_once_and_recovers(digits, 
     x, y, px, py = digits
     model = tiny_vit()
     records = []
-    watch = Watch(model, px, py, every_n_steps=1, log_dir=own_disk / "run", heatmap_every=1000,
+    watch = Watch(model, px, py, every_n_steps=1, log_dir=own_disk / "run", run_folder=".", heatmap_every=1000,
                   alert_callback=records.append)
 
     def disk(step):
@@ -521,7 +521,8 @@ def test_a_log_dir_deleted_mid_run_is_reported_once_and_recreated(digits, unwatc
     model = tiny_vit()
     records = []
     log_dir = tmp_path / "run"
-    watch = Watch(model, px, py, every_n_steps=1, log_dir=log_dir, heatmap_every=1000, alert_callback=records.append)
+    watch = Watch(model, px, py, every_n_steps=1, log_dir=log_dir, run_folder=".", heatmap_every=1000,
+                  alert_callback=records.append)
     result = train(model, x, y, 12, watch, lambda step: shutil.rmtree(log_dir) if step == 5 else None)
     watch.close()
     assert_unperturbed(result, unwatched)
@@ -636,7 +637,8 @@ def test_a_heatmap_render_that_fails_in_the_background_is_reported_once_and_clea
     model = tiny_vit()
     records = []
     log_dir = tmp_path / "run"
-    watch = Watch(model, px, py, every_n_steps=2, log_dir=log_dir, heatmap_every=1, alert_callback=records.append)
+    watch = Watch(model, px, py, every_n_steps=2, log_dir=log_dir, run_folder=".", heatmap_every=1,
+                  alert_callback=records.append)
     result = train(model, x, y, 12, watch, render_done)
     watch.close()
     assert_unperturbed(result, unwatched)
@@ -712,7 +714,8 @@ def probe_fault(module, inputs, output):
         failures[0] -= 1
         raise RuntimeError("probe pass failed (injected)")
 model.blocks[1].register_forward_hook(probe_fault)
-watch = Watch(model, x[4000:4032], y[4000:4032], every_n_steps=2, log_dir=sys.argv[1], heatmap_every=1000)
+watch = Watch(model, x[4000:4032], y[4000:4032], every_n_steps=2, log_dir=sys.argv[1], run_folder=".",
+              heatmap_every=1000)
 opt = torch.optim.AdamW(model.parameters(), 1e-3)
 for step in range(1, 9):
     loss = F.cross_entropy(model(x[:16]), y[:16])
@@ -802,7 +805,7 @@ def test_a_watch_built_on_a_broken_disk_starts_with_its_exporters_failed_and_rec
         remount(own_disk, "ro")
     records = []
     try:
-        watch = Watch(model, px, py, every_n_steps=2, log_dir=log_dir, heatmap_every=1000,
+        watch = Watch(model, px, py, every_n_steps=2, log_dir=log_dir, run_folder=".", heatmap_every=1000,
                       alert_callback=records.append)
 
         def heal(step):
@@ -830,7 +833,7 @@ def test_a_log_dir_that_is_a_file_is_refused_when_the_watch_is_built(digits, tmp
     (tmp_path / "taken").write_text("")
     for log_dir in (tmp_path / "taken", tmp_path / "taken" / "run"):
         with pytest.raises(ValueError, match=f"^log_dir {log_dir}: {tmp_path / 'taken'} is not a directory$"):
-            Watch(tiny_vit(), px, py, log_dir=log_dir)
+            Watch(tiny_vit(), px, py, log_dir=log_dir, run_folder=".")
 
 
 def test_tensorboards_writer_threads_print_no_traceback_and_other_threads_still_do(digits, own_disk, capsys,
@@ -844,7 +847,7 @@ def test_tensorboards_writer_threads_print_no_traceback_and_other_threads_still_
     monkeypatch.setattr(threading, "excepthook", lambda args: reached.append(args.thread.name))
     fill(own_disk)
     records = []
-    watch = Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=own_disk / "run", heatmap_every=1000,
+    watch = Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=own_disk / "run", run_folder=".", heatmap_every=1000,
                   alert_callback=records.append)
     for step in (1, 2):
         watch.step(step, 1.0)
@@ -902,7 +905,8 @@ def test_nan_on_the_probe_batch_for_a_while_leaves_a_true_alert_log(digits, unwa
 
     model.blocks[1].register_forward_hook(nan_on_probe)
     records = []
-    watch = Watch(model, px, py, every_n_steps=2, log_dir=tmp_path, heatmap_every=1000, alert_callback=records.append)
+    watch = Watch(model, px, py, every_n_steps=2, log_dir=tmp_path, run_folder=".", heatmap_every=1000,
+                  alert_callback=records.append)
     result = train(model, x, y, 12, watch, lambda step: (poisoned.add(step) if step in (4, 6)
                                                          else poisoned.clear()))
     watch.close()

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
+from run_dirs import run_dir
 from test_integrations_distributed import free_port, train_steps
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -82,7 +83,7 @@ def test_lightning_callback_freezes_and_resumes_frozen(digits, tmp_path):
     head = DigitsViT().net.head.weight.detach().clone()
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
     module, callback = lightning_fit(tmp_path, digits, [ckpt], max_steps=6)
-    assert freeze_steps(tmp_path / "isiwatch" / "alerts.jsonl") == [3]
+    assert freeze_steps(run_dir(tmp_path / "isiwatch") / "alerts.jsonl") == [3]
     assert callback.watch.freezer.frozen == 3
     at_freeze, now = module.at_freeze, frozen(module.net)
     assert {"cls_token", "pos_embed", "blocks.2.mlp.fc2.weight"} <= set(at_freeze) and "head.weight" not in now
@@ -94,8 +95,8 @@ def test_lightning_callback_freezes_and_resumes_frozen(digits, tmp_path):
     assert set(frozen(resumed.net)) == set(at_freeze) and callback.watch.freezer.frozen == 3
     assert resumed.at_freeze is not None  # frozen from its first step on
     assert all(torch.equal(p, at_freeze[name]) for name, p in frozen(resumed.net).items())
-    assert not (tmp_path / "resumed" / "isiwatch" / "alerts.jsonl").exists() or \
-        not freeze_steps(tmp_path / "resumed" / "isiwatch" / "alerts.jsonl")  # re-frozen on load, not a new freeze
+    alerts = run_dir(tmp_path / "resumed" / "isiwatch") / "alerts.jsonl"
+    assert not alerts.exists() or not freeze_steps(alerts)  # re-frozen on load, not a new freeze
 
 
 # -- transformers ------------------------------------------------------------------------------------------------
@@ -131,7 +132,7 @@ def hf_train(tmp_path, digits, max_steps, resume=None, **args):
 
 def test_transformers_callback_freezes_and_resumes_frozen(digits, tmp_path):
     model, callback, at_freeze = hf_train(tmp_path, digits, 6, save_strategy="steps", save_steps=4)
-    assert freeze_steps(tmp_path / "isiwatch" / "alerts.jsonl") == [3] and callback.watch.freezer.frozen == 3
+    assert freeze_steps(run_dir(tmp_path / "isiwatch") / "alerts.jsonl") == [3] and callback.watch.freezer.frozen == 3
     names = set(frozen(model))
     assert {"vit.embeddings.cls_token", "vit.embeddings.patch_embeddings.projection.weight",
             "vit.layers.2.mlp.fc2.weight"} <= names and "classifier.weight" not in names
@@ -178,7 +179,7 @@ def ddp_worker(rank, port, out):
     del strict, given
 
     model = torch.nn.parallel.DistributedDataParallel(tiny_vit(), find_unused_parameters=True)
-    watch = Watch(model.module, *probe, every_n_steps=1, log_dir=f"{out}/rank{rank}",
+    watch = Watch(model.module, *probe, every_n_steps=1, log_dir=f"{out}/rank{rank}", run_folder=".",
                   freeze_settled=FreezePolicy(tolerance=1e6, patience=1 + rank))
     opt = torch.optim.AdamW(model.parameters(), 1e-2, weight_decay=0.1)
     froze_at, at_freeze = None, {}

@@ -67,7 +67,8 @@ def run(rank, out, kind):
     model = wrap(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7,
                                    in_chans=1, num_classes=10, embed_dim=16, depth=2, num_heads=2), kind)
     stop = {"monitor": "loss", "warmup": 1, "stopping_threshold": 100.0} if rank == 1 else {}
-    watch = Watch(model, x[4000:4032], y[4000:4032], every_n_steps=2, log_dir=f"{out}/rank{rank}", **stop)
+    watch = Watch(model, x[4000:4032], y[4000:4032], every_n_steps=2, log_dir=f"{out}/rank{rank}", run_folder=".",
+                  **stop)
     opt = torch.optim.AdamW(model.parameters(), 1e-3)
     for step in train_steps(rank, model, opt, x, y, watch, 20):  # noqa: B007  (the result reads the last step)
         if watch.should_stop:

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from run_dirs import run_dir
 from torch.utils.data import DataLoader, TensorDataset
 
 from isiwatch.integrations.lightning import ISIWatchCallback
@@ -64,7 +65,7 @@ def test_callback_logs_exports_checkpoints_and_does_not_perturb(digits, tmp_path
     trainer, watched = fit(tmp_path, data, [watch_cb, ckpt], max_steps=6, logger=CSVLogger(tmp_path, name="csv"))
 
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), watched.state_dict().values()))
-    lines = (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()
+    lines = (run_dir(tmp_path / "isiwatch") / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2, 4, 6]
     with open(trainer.logger.log_dir + "/metrics.csv") as fh:
         rows = list(csv.DictReader(fh))
@@ -78,7 +79,7 @@ def test_callback_logs_exports_checkpoints_and_does_not_perturb(digits, tmp_path
     assert saved["last_step"] == 6 and saved["stoppers"][0]["wait"] == 2
     resumed = ISIWatchCallback(px, py, **options)
     fit(tmp_path, data, [resumed], max_steps=8, ckpt_path=tmp_path / "ckpt" / "epoch=0-step=6.ckpt")
-    lines = (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()
+    lines = (run_dir(tmp_path / "isiwatch") / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2, 4, 6, 8]
     assert resumed.state_dict()["stoppers"][0]["wait"] == 3
 
@@ -90,7 +91,7 @@ def test_every_optimizer_step_is_sampled_once_under_accumulation(digits, tmp_pat
     watch_cb = ISIWatchCallback(px, py, every_n_steps=1, log_dir=tmp_path / "isiwatch")
     trainer, module = fit(tmp_path, data, [watch_cb], max_steps=2, accumulate_grad_batches=3)
     assert trainer.global_step == 2 and len(module.losses) == 6
-    records = [json.loads(line) for line in (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir(tmp_path / "isiwatch") / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     # Lightning hands over loss / 3; the callback multiplies back, exact up to float32 rounding
     assert [r["loss"] for r in records] == pytest.approx([module.losses[2], module.losses[5]], rel=1e-6)
@@ -103,7 +104,7 @@ def test_isiwatch_stop_ends_lightning_training(digits, tmp_path):
                                 stopping_threshold=100.0)
     trainer, _ = fit(tmp_path, data, [watch_cb], max_steps=50)
     assert trainer.global_step == 4 and trainer.should_stop and "stopping threshold" in watch_cb.watch.stop_reason
-    records = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir(tmp_path) / "alerts.jsonl").read_text().splitlines()]
     assert [(r["kind"], r["step"]) for r in records if r["kind"] == "early_stop"] == [("early_stop", 4)]
 
 
@@ -113,7 +114,7 @@ def test_gradient_accumulation_samples_optimizer_steps_with_the_training_step_lo
     trainer, module = fit(tmp_path, data, [watch_cb], max_steps=5, accumulate_grad_batches=2,
                           logger=CSVLogger(tmp_path, name="csv"))
     assert trainer.global_step == 5 and len(module.losses) == 10  # 8 batches an epoch: optimizer steps 1-4, 5
-    records = [json.loads(line) for line in (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir(tmp_path / "isiwatch") / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4, 5]  # 5: the final sample, at the end of training
     # optimizer step s completes on batch 2s - 1 (0-based); its training_step loss, not the loss / 2
     assert [r["loss"] for r in records] == [module.losses[2 * s - 1] for s in (2, 4, 5)]

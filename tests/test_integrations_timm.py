@@ -11,6 +11,7 @@ import pytest
 import timm
 import torch
 from PIL import Image
+from run_dirs import run_dir
 from timm.data import Mixup, create_dataset, create_loader
 from timm.loss import SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
@@ -97,7 +98,7 @@ def test_train_script_patch_samples_every_n_updates(image_folders, tmp_path):
     num_updates, saver, run, task = main(image_folders, tmp_path, every_n_steps=2)
     run.close()
     assert num_updates == 9 and [epoch for _, epoch in saver.checkpoint_files] == [2, 1, 0]
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4, 6, 8, 9]  # 9: the final sample, at close
     assert all(r["loss"] > 0 for r in records) and len(records[0]["layers"]["probe_cls"]) == 3
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in task.modules())
@@ -110,7 +111,7 @@ def test_isiwatch_stop_ends_the_train_script_mid_epoch(image_folders, tmp_path):
     assert num_updates == 4  # second sample, in the second epoch
     assert [epoch for _, epoch in saver.checkpoint_files] == [0]
     assert run.watch.should_stop and not run.watch.exporters  # closed itself
-    records = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir(tmp_path) / "alerts.jsonl").read_text().splitlines()]
     assert [(r["kind"], r["step"]) for r in records if r["kind"] == "early_stop"] == [("early_stop", 4)]
 
 
@@ -129,11 +130,11 @@ def test_a_resumed_train_script_run_keeps_its_name_and_alert_episodes(image_fold
     assert num_updates == 9 and second.watch.run == first.watch.run  # a fresh Watch would draw a new name
     runs, steps = set(), []
     for log in (tmp_path / "a", tmp_path / "b"):
-        records = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+        records = [json.loads(line) for line in (run_dir(log) / "metrics.jsonl").read_text().splitlines()]
         runs |= {r["run"] for r in records}
         steps += [r["step"] for r in records]
     assert runs == {first.watch.run} and steps == [2, 4, 6, 8, 9]  # 9: the final sample, at close
-    opened = [json.loads(line) for line in (tmp_path / "b" / "alerts.jsonl").read_text().splitlines()]
+    opened = [json.loads(line) for line in (run_dir(tmp_path / "b") / "alerts.jsonl").read_text().splitlines()]
     assert [a["kind"] for a in opened] == []  # the episode carried over: no second norm_friction_high
     assert second.watch.alerts.opened["norm_friction_high"].step == 2
 

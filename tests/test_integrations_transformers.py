@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from run_dirs import run_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import Trainer, TrainingArguments, ViTConfig, ViTForImageClassification
 
@@ -43,7 +44,7 @@ def test_summary_reaches_reporters_state_resumes(digits, tmp_path):
     add_callback(trainer, callback)
     trainer.train()
 
-    lines = (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()
+    lines = (run_dir(tmp_path / "isiwatch") / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2, 4, 6]
     assert all(json.loads(line)["loss"] > 0 for line in lines)
     logged = [h for h in trainer.state.log_history if "isiwatch/probe_cls/last" in h]
@@ -59,7 +60,7 @@ def test_summary_reaches_reporters_state_resumes(digits, tmp_path):
     resumed = ISIWatchCallback(px, py, log_summary=True, **options)
     trainer = trainer_for(tmp_path, data, 8, callbacks=[resumed], logging_steps=2)
     trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
-    records = [json.loads(line) for line in (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir(tmp_path / "isiwatch") / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4, 6, 8]
     assert {r["run"] for r in records} == {callback.watch.run}  # the resumed run keeps its name
     assert resumed.state()["attributes"]["watch_state"]["stoppers"][0]["wait"] == 3
@@ -85,7 +86,8 @@ def test_the_trainer_console_and_log_rows_stay_as_without_isiwatch(digits, tmp_p
     assert not any("isiwatch" in line for line in lines)
     assert [h["step"] for h in history] == [h["step"] for h in plain_history]
     assert [sorted(h) for h in history] == [sorted(h) for h in plain_history]
-    steps = [json.loads(line)["step"] for line in (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()]
+    metrics = run_dir(tmp_path / "isiwatch") / "metrics.jsonl"
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == [3, 6]  # the curves went to isiwatch's own log
 
     asked = ISIWatchCallback(px, py, every_n_steps=3, log_summary=["isi/mean"])
@@ -110,7 +112,7 @@ def test_isiwatch_stop_ends_hf_training(digits, tmp_path):
     trainer = trainer_for(tmp_path, data, 50, callbacks=[callback])
     trainer.train()
     assert trainer.state.global_step == 4
-    records = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir(tmp_path) / "alerts.jsonl").read_text().splitlines()]
     assert [(r["kind"], r["step"]) for r in records if r["kind"] == "early_stop"] == [("early_stop", 4)]
 
 
@@ -127,7 +129,7 @@ def test_final_sample_at_the_end_of_training_reaches_the_logs(digits, tmp_path):
     trainer = trainer_for(tmp_path, data, 5)
     add_callback(trainer, callback)
     trainer.train()
-    lines = (tmp_path / "isiwatch" / "metrics.jsonl").read_text().splitlines()
+    lines = (run_dir(tmp_path / "isiwatch") / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2, 4, 5]  # 5: the final sample
     assert callback.state()["attributes"]["watch_state"]["last_step"] == 5 and not callback.watch.should_stop
 

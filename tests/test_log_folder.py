@@ -26,18 +26,21 @@ def steps_in(path):
 def test_a_second_watch_on_a_folder_in_use_is_refused_naming_the_first(digits, tmp_path):  # noqa: F811
     _, _, px, py = digits
     model = tiny_vit()
-    with Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="first", heatmap_every=1000) as first:
+    with Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="first",
+               heatmap_every=1000) as first:
         first.step(1, 1.0)
         before = (tmp_path / "metrics.jsonl").read_bytes()
         with pytest.raises(FolderInUse) as refused:
-            Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="second", heatmap_every=1000)
+            Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="second",
+                  heatmap_every=1000)
         message = str(refused.value)
         assert "\n" not in message and "run 'first'" in message and f"pid {os.getpid()}" in message
         assert holder(tmp_path) is not None and "run 'first'" in holder(tmp_path)
         first.step(2, 1.0)
         assert (tmp_path / "metrics.jsonl").read_bytes().startswith(before)  # the refused Watch touched nothing
     assert holder(tmp_path) is None
-    with Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="second", heatmap_every=1000) as second:
+    with Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="second",
+               heatmap_every=1000) as second:
         second.step(3, 1.0)  # the folder is free once the first Watch closed
     assert [json.loads(line)["run"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
         "first", "first", "second"]
@@ -50,13 +53,14 @@ def test_a_watch_nobody_references_does_not_hold_the_folder(digits, tmp_path):  
     model = tiny_vit()
     gc.disable()  # the old Watch stays uncollected until the lock asks for a collection
     try:
-        Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="old", heatmap_every=1000)
-        watch = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="new", heatmap_every=1000)
+        Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="old", heatmap_every=1000)
+        watch = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="new",
+                      heatmap_every=1000)
     finally:
         gc.enable()
     assert "run 'new'" in holder(tmp_path)
     with pytest.raises(FolderInUse, match="run 'new'"):
-        Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="third", heatmap_every=1000)
+        Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="third", heatmap_every=1000)
     watch.close(final_sample=False)
 
 
@@ -68,7 +72,7 @@ def test_a_resumed_run_renames_the_holder(digits, tmp_path):  # noqa: F811
         state = watch.state_dict()
     resumed = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path)
     resumed.load_state_dict(state)
-    assert "run 'saved'" in holder(tmp_path)
+    assert resumed.run_dir == watch.run_dir and "run 'saved'" in holder(resumed.run_dir)
     resumed.close(final_sample=False)
 
 
@@ -87,11 +91,11 @@ def test_another_process_holds_the_folder_until_it_dies(digits, tmp_path):  # no
     try:
         assert proc.stdout.readline().strip() == "held"
         with pytest.raises(FolderInUse, match=rf"run 'elsewhere' \(pid {proc.pid} on "):
-            Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=tmp_path)
+            Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".")
     finally:
         proc.send_signal(signal.SIGKILL)  # a crash: the lock goes with the process
         proc.wait()
-    with Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=tmp_path, run_name="resumed") as watch:
+    with Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="resumed") as watch:
         watch.step(1, 1.0)
     assert steps_in(tmp_path / "metrics.jsonl") == [1]
 
@@ -115,6 +119,7 @@ def test_a_resume_on_a_full_disk_drops_the_stale_records_once_there_is_room(digi
     resumed = Watch(model, px, py, every_n_steps=1, log_dir=log_dir, heatmap_every=1000,
                     alert_callback=records.append)
     resumed.load_state_dict(state)
+    log_dir = crashed.run_dir
     assert steps_in(log_dir / "metrics.jsonl")[-1] == 6  # the rewrite could not happen
     for step in range(4, 9):
         if step == 6:
@@ -138,7 +143,7 @@ def test_watches_built_on_an_unwritable_folder_lock_it_at_their_first_write(digi
     remount(own_disk, "ro")
     records = {"a": [], "b": []}
     try:
-        watches = {name: Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=folder, run_name=name,
+        watches = {name: Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=folder, run_folder=".", run_name=name,
                                heatmap_every=1000, alert_callback=records[name].append) for name in records}
     finally:
         remount(own_disk, "rw")
@@ -148,7 +153,7 @@ def test_watches_built_on_an_unwritable_folder_lock_it_at_their_first_write(digi
             watch.step(step, 1.0)
     assert [json.loads(line)["run"] for line in (folder / "metrics.jsonl").read_text().splitlines()] == ["a"] * 4
     assert "run 'a'" in holder(folder)
-    source = "exporter JsonlExporter (log_dir in use)"  # its own line, though the exporter failed at step 0 already
+    source = "exporter JsonlExporter (run folder in use)"  # its own line, though the exporter failed at step 0 already
     refused = [r for r in records["b"] if r.kind == "monitor_error" and r.data["source"] == source]
     assert len(refused) == 1 and refused[0].step == 1
     assert f"is in use by run 'a' (pid {os.getpid()} on " in refused[0].message and "\n" not in refused[0].message
@@ -160,6 +165,59 @@ def test_watches_built_on_an_unwritable_folder_lock_it_at_their_first_write(digi
     cleared = [r for r in records["b"] if r.kind == "monitor_error_cleared" and r.data["source"] == source]
     failures = cleared[0].data["failures"]  # b's writes refused: its samples at steps 1-4 and its alert records
     assert len(cleared) == 1 and failures >= 4 and f"works again after {failures} failures" in cleared[0].message
+
+
+def event_steps(folder, tag="isiwatch/loss"):
+    """The steps of ``tag`` in every TensorBoard event file in ``folder``, read back file by file."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps = []
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        events = EventAccumulator(str(path))
+        events.Reload()
+        steps += [e.step for e in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
+    return steps
+
+
+@pytest.mark.parametrize("how", ["read-only mount", "chmod"])
+def test_a_watch_refused_the_folder_writes_no_event_file_there(digits, tmp_path, request, how):  # noqa: F811
+    """Issue 57.5: of two Watches built while the folder cannot be written, the one refused it once it can writes
+    no TensorBoard event file there (before, its own file logged every step a second time); it writes once the
+    holder has closed. Root writes a chmod-555 folder all the same: the read-only tmpfs covers root, chmod the
+    others."""
+    _, _, px, py = digits
+    if how == "chmod":
+        if os.geteuid() == 0:
+            pytest.skip("root ignores a folder's permissions; the read-only mount variant covers root")
+        folder = tmp_path / "run"
+        folder.mkdir()
+        folder.chmod(0o555)
+
+        def writable():
+            folder.chmod(0o755)
+    else:
+        disk = request.getfixturevalue("own_disk")
+        folder = disk / "run"
+        folder.mkdir()
+        remount(disk, "ro")
+
+        def writable():
+            remount(disk, "rw")
+    try:
+        a, b = (Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=folder, run_folder=".", run_name=name,
+                      heatmap_every=1000) for name in "ab")
+    finally:
+        writable()
+    for step in (1, 2, 3, 4):
+        a.step(step, 1.0)
+        b.step(step, 1.0)
+    assert "run 'a'" in holder(folder)
+    assert len(list(folder.glob("events.out.tfevents.*"))) == 1 and event_steps(folder) == [1, 2, 3, 4]
+    assert {json.loads(line)["run"] for line in (folder / "metrics.jsonl").read_text().splitlines()} == {"a"}
+    a.close(final_sample=False)
+    b.step(5, 1.0)  # the folder is b's now
+    b.close(final_sample=False)
+    assert event_steps(folder) == [1, 2, 3, 4, 5] and steps_in(folder / "metrics.jsonl") == [1, 2, 3, 4, 5]
 
 
 def test_a_watch_refused_a_folder_always_names_its_holder(tmp_path):
@@ -221,7 +279,8 @@ def test_a_closed_watch_leaves_no_lock_file_and_the_folder_free(tmp_path):
     from isiwatch.watch import log_folder
 
     x = torch.randn(16, 1, 28, 28)
-    with Watch(tiny_vit(), x, torch.arange(16) % 10, every_n_steps=1, log_dir=str(tmp_path), run_name="first"):
+    with Watch(tiny_vit(), x, torch.arange(16) % 10, every_n_steps=1, log_dir=str(tmp_path), run_folder=".",
+               run_name="first"):
         assert "run 'first'" in holder(tmp_path)
     assert not (tmp_path / log_folder.LOCK_NAME).exists() and (tmp_path / "metrics.jsonl").exists()
     again = LogFolderLock(tmp_path, "second")  # the next run takes the folder with a new lock file

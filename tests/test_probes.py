@@ -192,7 +192,7 @@ def test_one_set_of_numbers_from_the_watch_the_demo_analyze_and_the_report(tmp_p
     model = tiny_vit()
     demo = analyze(model, held_x, held_y, batch_size=len(held_x))
     assert demo.layers["probe_cls"] and demo.stem["embed"]["probe_cls"] == demo.stem["embed"]["probe_cls"]
-    with Watch(model, held_x, held_y, every_n_steps=1, log_dir=tmp_path / "run",
+    with Watch(model, held_x, held_y, every_n_steps=1, log_dir=tmp_path / "run", run_folder=".",
                config={"probe_batch_size": len(held_x)}) as watch:
         watch.step(1)
     kwargs = {"img_size": 28, "patch_size": 7, "in_chans": 1, "num_classes": 10, "embed_dim": 32, "depth": 4,

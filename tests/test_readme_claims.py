@@ -112,7 +112,7 @@ def test_push_gateway_receives_every_sample(probe):
 
 def test_tensorboard_custom_scalar_layout_charts_every_metric(probe, tmp_path):
     px, py = probe
-    watch = Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=tmp_path, run_name="tb")
+    watch = Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="tb")
     watch.step(1, 2.0)
     watch.step(2, 1.9)
     watch.close()
@@ -151,7 +151,8 @@ def test_cls_marginalized_opens_and_clears_on_a_real_watch(tmp_path):
     px, py = x[4000:4512], y[4000:4512]
     model = tiny_vit()
     seen = []
-    watch = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name="cls", alert_callback=seen.append)
+    watch = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name="cls",
+                  alert_callback=seen.append)
     watch.step(1)
     healthy = watch.history[-1].layers
     assert healthy["probe_cls"][-1] >= healthy["probe_patch_mean"][-1], "the fixture needs a healthy [CLS] first"

@@ -19,7 +19,8 @@ def report(run_dir, out):
 
 
 def log(run_dir, px, py, run, steps):
-    with Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=run_dir, run_name=run, heatmap_every=1000) as watch:
+    with Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=run_dir, run_folder=".", run_name=run,
+               heatmap_every=1000) as watch:
         for step in steps:
             watch.step(step, 1.0)
 
@@ -36,7 +37,7 @@ def test_two_runs_and_a_step_logged_twice_are_said(digits, tmp_path):  # noqa: F
     assert done.returncode == 0, done.stderr
     warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 2
-    assert "holds 2 runs ('first', 'second')" in warnings[0] and "own log_dir" in warnings[0]
+    assert "holds 2 runs ('first', 'second')" in warnings[0] and "its own folder" in warnings[0]
     assert "run 'second' logged step 3 more than once" in warnings[1]
     page = (tmp_path / "report" / "report.html").read_text()
     assert page.count('<p class="warning">') == 2 and "holds 2 runs" in page

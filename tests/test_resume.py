@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from prometheus_client import CollectorRegistry
+from run_dirs import run_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_watch import digits, tiny_vit, train  # noqa: F401  (digits: fixture)
 
@@ -38,9 +39,9 @@ def test_resumed_watch_keeps_the_saved_run_name_everywhere(digits, tmp_path):  #
     assert second.run == first.run
     second.step(6, 1.0)
     second.close()
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     assert [(r["run"], r["step"]) for r in records] == [(first.run, 2), (first.run, 4), (first.run, 6)]
-    alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    alerts = [json.loads(line) for line in (run_dir(tmp_path) / "alerts.jsonl").read_text().splitlines()]
     assert {a["run"] for a in alerts} == {first.run}
     friction = [a["step"] for a in alerts if a["kind"] == "norm_friction_high"]
     assert friction == [2]  # opened before the resume, not raised again after it (other rules may fire on 32 images)
@@ -125,21 +126,21 @@ def test_a_resume_drops_what_the_crashed_run_logged_after_the_checkpoint(digits,
         if step == 4:
             checkpoint = saved_and_loaded(crashed, tmp_path / "ckpt.pt")
     crashed.close(final_sample=False)  # the process dies: its files close and the folder's lock goes with it
-    with open(tmp_path / "metrics.jsonl", "a") as fh:
+    with open(run_dir(tmp_path) / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 8, "run": "r", "lay')  # killed while writing
-    assert [r["step"] for r in logged(tmp_path / "alerts.jsonl")] == [2, 6]  # opened at 2, cleared at 6
+    assert [r["step"] for r in logged(run_dir(tmp_path) / "alerts.jsonl")] == [2, 6]  # opened at 2, cleared at 6
 
     resumed = Watch(model, px, py, every_n_steps=2, log_dir=tmp_path, heatmap_every=1000)
     resumed.load_state_dict(checkpoint)
-    assert [r["step"] for r in logged(tmp_path / "metrics.jsonl")] == [2, 4]
+    assert [r["step"] for r in logged(run_dir(tmp_path) / "metrics.jsonl")] == [2, 4]
     for step in range(5, 9):
         resumed.step(step, float("nan") if step <= 6 else 1.0)
     resumed.close()
-    samples = logged(tmp_path / "metrics.jsonl")
+    samples = logged(run_dir(tmp_path) / "metrics.jsonl")
     assert [r["step"] for r in samples] == [2, 4, 6, 8] and samples[2]["loss"] is None  # the resumed run's 6
-    assert [(a["kind"], a["step"]) for a in logged(tmp_path / "alerts.jsonl")] == [
+    assert [(a["kind"], a["step"]) for a in logged(run_dir(tmp_path) / "alerts.jsonl")] == [
         ("non_finite", 2), ("non_finite_cleared", 8)]
-    events = EventAccumulator(str(tmp_path))
+    events = EventAccumulator(str(run_dir(tmp_path)))
     events.Reload()  # TensorBoard purges the crashed run's later events (a SessionLog START at step 5)
     assert [e.step for e in events.Scalars("isiwatch/isi/layer_00")] == [2, 4, 6, 8]
 
@@ -148,12 +149,13 @@ def test_a_resume_leaves_other_runs_and_records_up_to_the_checkpoint_alone(digit
     _, _, px, py = digits
     model = tiny_vit()
     for name in ("other", "r"):  # one run after the other in one folder
-        with Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_name=name, heatmap_every=1000) as first:
+        with Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", run_name=name,
+                   heatmap_every=1000) as first:
             for step in (1, 2, 3):
                 first.step(step, 1.0)
             state = first.state_dict()  # at step 3: nothing after it
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)
-    resumed = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, heatmap_every=1000)
+    resumed = Watch(model, px, py, every_n_steps=1, log_dir=tmp_path, run_folder=".", heatmap_every=1000)
     resumed.load_state_dict({**state, "step": 1})  # as if the checkpoint had been taken at step 1
     assert (tmp_path / "metrics.jsonl").read_text() == "".join(lines[:4])  # other 1-3, r 1
     inode = (tmp_path / "metrics.jsonl").stat().st_ino
@@ -213,15 +215,17 @@ def test_a_lightning_run_crashed_between_a_sample_and_the_next_checkpoint_resume
 
     with pytest.raises(RuntimeError, match="killed"):
         fit(CrashingViT(nan_until=4, crash_at=6), max_steps=12)
-    assert [r["step"] for r in logged(log_dir / "metrics.jsonl")] == [2, 4, 6]
-    assert [(a["kind"], a["step"]) for a in logged(log_dir / "alerts.jsonl") if a["kind"].startswith("non_finite")] \
+    assert [r["step"] for r in logged(run_dir(log_dir) / "metrics.jsonl")] == [2, 4, 6]
+    assert [(a["kind"], a["step"]) for a in logged(run_dir(log_dir) / "alerts.jsonl")
+            if a["kind"].startswith("non_finite")] \
         == [("non_finite", 2), ("non_finite_cleared", 6)]
-    crashed_loss = logged(log_dir / "metrics.jsonl")[-1]["loss"]
+    crashed_loss = logged(run_dir(log_dir) / "metrics.jsonl")[-1]["loss"]
 
     resumed = fit(CrashingViT(nan_until=6), max_steps=8, ckpt_path=tmp_path / "ckpt" / "epoch=0-step=4.ckpt")
-    samples = logged(log_dir / "metrics.jsonl")
+    samples = logged(run_dir(log_dir) / "metrics.jsonl")
     assert [r["step"] for r in samples] == [2, 4, 6, 8]
     assert samples[2]["loss"] == resumed.watch.history[0].loss != crashed_loss
-    assert [(a["kind"], a["step"]) for a in logged(log_dir / "alerts.jsonl") if a["kind"].startswith("non_finite")] \
+    assert [(a["kind"], a["step"]) for a in logged(run_dir(log_dir) / "alerts.jsonl")
+            if a["kind"].startswith("non_finite")] \
         == [("non_finite", 2), ("non_finite_cleared", 8)]
-    assert {a["run"] for a in logged(log_dir / "alerts.jsonl")} == {resumed.watch.run}
+    assert {a["run"] for a in logged(run_dir(log_dir) / "alerts.jsonl")} == {resumed.watch.run}

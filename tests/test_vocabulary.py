@@ -57,7 +57,7 @@ def slow_start_run(tmp_path_factory):
     still open and an isi_stall episode that cleared."""
     x, y = embedded_digits()
     run = tmp_path_factory.mktemp("vocabulary") / "run"
-    with Watch(tiny_vit(), x[4000:4064], y[4000:4064], every_n_steps=1, log_dir=run) as watch:
+    with Watch(tiny_vit(), x[4000:4064], y[4000:4064], every_n_steps=1, log_dir=run, run_folder=".") as watch:
         for step in (1, 2, 3):
             watch.step(step)
     samples = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -80,7 +80,7 @@ def test_exporters_and_state_after_a_short_run(digits, tmp_path):
     state = watch.state_dict()
     watch.close()
 
-    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    acc = EventAccumulator(str(watch.run_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
     acc.Reload()
     scalars = set(acc.Tags()["scalars"])
     for metric in ("isi", "attn_entropy", "token_similarity", "probe_cls", "probe_patch_mean"):
@@ -96,7 +96,7 @@ def test_exporters_and_state_after_a_short_run(digits, tmp_path):
     assert registry.get_sample_value("isiwatch_sample_duration_seconds_count", {"run": "short"}) == 4
     assert registry.get_sample_value("isiwatch_training_step", {"run": "short"}) == 8
 
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    lines = (watch.run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2, 4, 6, 8]
 
     # the depth recommendation: proposed from each sample's curves, published unless the probes cannot tell the
@@ -119,7 +119,7 @@ def test_exporters_and_state_after_a_short_run(digits, tmp_path):
     assert [r["recommendation"] for r in rows] == [s.recommendation.to_dict() for s in samples]
     assert [r["depth_evidence"] for r in rows] == [s.depth_evidence for s in samples]
     assert rows[-1]["recommendation"]["source_depth"] == 4
-    assert (tmp_path / "alerts.jsonl").exists()
+    assert (watch.run_dir / "alerts.jsonl").exists()
 
     fresh = Watch(tiny_vit(), px, py, every_n_steps=2, monitor="probe_cls/last", mode="max", patience=100)
     fresh.load_state_dict(state)
@@ -237,9 +237,9 @@ def test_non_finite_activations_raise_an_alert_not_a_crash(digits, tmp_path):
     assert {"token_similarity", "block_influence", "probe_cls", "isi"} <= set(alerts[0].data["series"])
     assert watch.step(3) == []  # same episode, no repeat
     watch.close()
-    records = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (watch.run_dir / "alerts.jsonl").read_text().splitlines()]
     assert [(r["kind"], r["step"]) for r in records] == [("non_finite", 2)]
-    layers = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["layers"]
+    layers = json.loads((watch.run_dir / "metrics.jsonl").read_text().splitlines()[-1])["layers"]
     assert [v is None for v in layers["token_similarity"]] == [False, False, True, True]  # NaN is written null
     assert [v is None for v in layers["isi"]] == [False, False, False, True]
     assert all(isinstance(v, float) for v in layers["isi"][:3])
@@ -421,7 +421,7 @@ def test_close_samples_the_last_step_once_and_warns_without_samples(digits, tmp_
         watch.close()
     assert [s.step for s in watch.history] == [3] and watch.history[0].loss > 0 and not caplog.text
     assert not watch.should_stop  # the final sample does not update early stopping (training is over)
-    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [3]
+    assert [json.loads(line)["step"] for line in (watch.run_dir / "metrics.jsonl").read_text().splitlines()] == [3]
 
     sampled = Watch(model, px, py, every_n_steps=2)
     train(model, x, y, 4, sampled)
@@ -518,14 +518,14 @@ def test_the_overhead_series_reach_tensorboard_jsonl_and_prometheus(digits, tmp_
     samples = list(watch.history)
     assert samples[0].overhead_ratio is None and samples[0].overhead_s > 0  # no training time before the first
     assert all(s.overhead_s > 0 and 0 < s.overhead_ratio < float("inf") for s in samples[1:])
-    acc = EventAccumulator(str(tmp_path))
+    acc = EventAccumulator(str(watch.run_dir))
     acc.Reload()
     assert [e.step for e in acc.Scalars("isiwatch/overhead/ratio")] == [4, 6]
     assert [e.step for e in acc.Scalars("isiwatch/overhead/seconds")] == [2, 4, 6]  # as isiwatch_overhead_seconds
     assert [e.value for e in acc.Scalars("isiwatch/sample_duration_seconds")] == pytest.approx(
         [s.duration_s for s in samples])  # the other concept, under its own name in both exporters
     assert not [tag for tag in acc.Tags()["scalars"] if "sample_seconds" in tag]
-    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (watch.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["overhead_ratio"] for r in lines] == [None, samples[1].overhead_ratio, samples[2].overhead_ratio]
     assert all(r["overhead_s"] > 0 for r in lines)
     text = generate_latest(registry).decode()

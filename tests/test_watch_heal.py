@@ -56,7 +56,8 @@ EXHAUSTED_IMPORT = textwrap.dedent("""
     tensorboard.RENDER_PAUSE = 0.0
     images = torch.randn(8, 1, 28, 28, generator=torch.Generator().manual_seed(1))
     records = []
-    watched = train(lambda model: Watch(model, images, every_n_steps=1, log_dir=sys.argv[1], heatmap_every=1,
+    watched = train(lambda model: Watch(model, images, every_n_steps=1, log_dir=sys.argv[1], run_folder=".",
+                                        heatmap_every=1,
                                         alert_callback=records.append))
     same = all(torch.equal(a, b) for a, b in zip(watched[0], unwatched[0])) and torch.equal(watched[1], unwatched[1])
     events = EventAccumulator(sys.argv[1], size_guidance={"images": 0})

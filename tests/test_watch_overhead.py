@@ -36,7 +36,7 @@ def probe():
 def test_a_step_between_samples_runs_no_python_code_but_step_itself(probe, tmp_path):
     """Every call a non-sampling ``step()`` makes, counted with ``sys.setprofile``: none beyond ``step`` (no exporter,
     no hook, no property)."""
-    watch = Watch(tiny_vit(), *probe, every_n_steps=100, log_dir=tmp_path, registry=CollectorRegistry())
+    watch = Watch(tiny_vit(), *probe, every_n_steps=100, log_dir=tmp_path, run_folder=".", registry=CollectorRegistry())
     watch.step(100, 1.0)  # a sample: everything below is between samples
     calls = []
     loss = torch.tensor(1.0)
@@ -96,7 +96,7 @@ def test_heatmaps_render_at_the_lowest_priority_and_their_cpu_time_is_charged(pr
         return images
 
     monkeypatch.setattr(tensorboard, "heatmap_images", spy)
-    watch = Watch(tiny_vit(), *probe, every_n_steps=1, log_dir=tmp_path, registry=CollectorRegistry(),
+    watch = Watch(tiny_vit(), *probe, every_n_steps=1, log_dir=tmp_path, run_folder=".", registry=CollectorRegistry(),
                   heatmap_every=1)
     (board,) = [e for e in watch.exporters if isinstance(e, TensorBoardExporter)]
     watch.step(1)  # starts a render of step 1's history on the render thread
@@ -115,7 +115,7 @@ def test_heatmaps_render_at_the_lowest_priority_and_their_cpu_time_is_charged(pr
 
 def test_a_render_still_running_is_not_doubled(probe, tmp_path):
     """At most one render at a time: a sample due for heat-maps while one runs starts none."""
-    watch = Watch(tiny_vit(), *probe, every_n_steps=1, log_dir=tmp_path, registry=CollectorRegistry(),
+    watch = Watch(tiny_vit(), *probe, every_n_steps=1, log_dir=tmp_path, run_folder=".", registry=CollectorRegistry(),
                   heatmap_every=1)
     renders = []
     for step in range(1, 6):

@@ -269,9 +269,15 @@ def demo(out: Path, quick: bool, watch_config: Path | None, prometheus_port: int
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Where to write the plots and report.html (default: RUN_DIR/report).")
 def report(run_dir: Path, out: Path | None) -> None:
-    """Plots and a self-contained HTML page of a monitored run (a Watch log_dir)."""
+    """Plots and a self-contained HTML page of a monitored run: a run's folder, or a Watch log_dir (its latest
+    run)."""
     if not run_dir.is_dir():  # before the report's imports, which load torch
         raise click.ClickException(f"{run_dir}: no such run directory")
+    from ..watch.run_folder import RECORDS, latest_run_line, runs_in
+
+    if not (run_dir / RECORDS[0]).is_file() and (runs := runs_in(run_dir)):
+        click.echo(latest_run_line(run_dir, runs))
+        run_dir = runs[-1]
     existing = check_paths(folders={"--out": out if out is not None else run_dir / "report"})
     from .next_steps import next_steps
     from .report import read_run, write_records_report

@@ -1,7 +1,8 @@
 """``isiwatch demo``: the whole product in one command, on the embedded MNIST digits.
 
 Trains a small timm ViT with [`Watch`][isiwatch.Watch] attached (TensorBoard events, ``metrics.jsonl``,
-``alerts.jsonl``, a Prometheus endpoint on 127.0.0.1 while it runs), analyses the trained model on the
+``alerts.jsonl`` in ``--out`` itself, the run's folder (``run_folder: .``), beside the demo's other files, which a
+re-run replaces; a Prometheus endpoint on 127.0.0.1 while it runs), analyses the trained model on the
 held-out digits (``analysis.json`` with the recommended depth, ``curves.png``), truncates it to the
 fewest blocks, as cut or healed, whose accuracy drop is certified within the demo's stated bound (``truncate
 --strategy auto`` under the same acceptance rule as the command: ``truncated.pt``, ``truncate_report.json``),
@@ -176,7 +177,7 @@ def run_demo(out: str | Path, *, quick: bool = False, device: str = "cpu", confi
     test_x, test_y = images[DIGITS_TRAIN:], labels[DIGITS_TRAIN:]
     model, kwargs = demo_model.model, demo_model.kwargs
     model.to(device)
-    options = {"every_n_steps": settings.every_n_steps, "log_dir": str(out), "run_name": "demo",
+    options = {"every_n_steps": settings.every_n_steps, "log_dir": str(out), "run_folder": ".", "run_name": "demo",
                "prometheus_port": prometheus_port, **(load_yaml(config).watch if config else {})}
 
     glossary = Glossary()  # each phase word and alert kind is defined the first time it is printed

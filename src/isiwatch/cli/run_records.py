@@ -174,7 +174,7 @@ def _mixed_runs(path: Path, samples: list[dict[str, Any]]) -> list[str]:
     lines = []
     if len(steps) > 1:
         lines.append(f"{path} holds {len(steps)} runs ({', '.join(map(repr, steps))}): the report shows them "
-                     "together; give each run its own log_dir")
+                     "together; give each run its own folder (a Watch's default: leave run_folder unset)")
     for run, logged in steps.items():
         twice = sorted({step for step in logged if logged.count(step) > 1})
         if twice:

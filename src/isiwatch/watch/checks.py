@@ -24,8 +24,10 @@ def check_arguments(model: nn.Module, inner: nn.Module, parts: ViTParts, images:
     taps attach to), ``exporters`` and the names in ``phase_metric`` and ``monitor``, in that order. Returns every
     series a sample of this model can hold (what ``monitor`` may name)."""
     check_probe_batch(parts, images, labels, opts)
+    if opts.run_folder is not None and not opts.log_dir:
+        raise ValueError(f"run_folder {opts.run_folder!r} names a folder under log_dir, but log_dir is not set")
     if opts.log_dir:
-        check_log_dir(Path(opts.log_dir))
+        check_log_dir(Path(opts.log_dir, opts.run_folder or "."))
     problem = wrapper_problem(model, inner) if policy_of(opts.freeze_settled) else None
     if problem:
         raise ValueError(problem)

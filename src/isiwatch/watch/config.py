@@ -27,6 +27,7 @@ from .._utils.option_error import MAX_COUNT
 from ..measure.analysis import METRICS
 from .freezing import FreezePolicy, PolicyError
 from .friction import FRICTION_THRESHOLD
+from .run_folder import folder_problem
 
 
 class ConfigError(ValueError):
@@ -40,7 +41,11 @@ class WatchOptions:
     every_n_steps: int = 100
     """Training steps between two samples (probe passes)."""
     log_dir: str | None = None
-    """Folder for TensorBoard, `metrics.jsonl` and `alerts.jsonl`; none: no files."""
+    """Folder of the runs' folders: each run writes TensorBoard, `metrics.jsonl` and `alerts.jsonl` in its own,
+    `<YYYYMMDD-HHMMSS>-<run name>` (a resumed run continues its own); none: no files."""
+    run_folder: str | None = None
+    """The run's folder under `log_dir` instead of a new one: a name (created if missing, continued if it exists) or
+    `.` for `log_dir` itself."""
     run_name: str | None = None
     """The run's name in every export; none: a random one (a resumed run keeps its saved name)."""
     prometheus_port: int | None = None
@@ -210,6 +215,7 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "mode": _one_of(("min", "max")), "min_delta": _finite, "patience": _at_least(0), "warmup": _at_least(0),
     "stopping_threshold": _finite, "divergence_threshold": _finite, "probe_every": _at_least(1),
     "overhead_budget": _fraction, "probe_dtype": _one_of((None, "bfloat16", "float16")),
+    "run_folder": folder_problem,
 }
 
 

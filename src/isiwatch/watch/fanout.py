@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._utils.files import reserve_std_fds
@@ -13,7 +14,7 @@ from .alerts import Alert, AlertEngine, AlertSink, log_sink
 from .config import WatchOptions
 from .exporters import Exporter, JsonlExporter, PrometheusExporter, TensorBoardExporter
 from .faults import FaultLog
-from .log_folder import FolderInUse
+from .log_folder import FolderInUse, LogFolderLock
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -22,16 +23,22 @@ if TYPE_CHECKING:
 CALLBACK = "alert_callback"
 
 
-def build_exporters(opts: WatchOptions, run: str, registry: CollectorRegistry | None, exporters: Sequence[Exporter]
-                    ) -> tuple[list[Exporter], PrometheusExporter | None]:
-    """Rank 0's exporters, in call order: the built-in ones the options ask for (JSONL and TensorBoard under
-    ``log_dir``, Prometheus), then ``exporters``; and the built-in Prometheus exporter, if any."""
+def folder_exporters(run_dir: Path, run: str, heatmap_every: int, lock: LogFolderLock | None = None
+                     ) -> list[Exporter]:
+    """The exporters that write the run's folder, JSONL then TensorBoard, under one lock (``lock``, or one taken
+    now): refused when another Watch writes there (`FolderInUse`), and neither writes there while another run holds
+    it."""
+    lock = lock or LogFolderLock(run_dir, run)
+    return [JsonlExporter(run_dir, run, lock), TensorBoardExporter(run_dir, heatmap_every, lock)]
+
+
+def build_exporters(opts: WatchOptions, run: str, run_dir: Path | None, registry: CollectorRegistry | None,
+                    exporters: Sequence[Exporter]) -> tuple[list[Exporter], PrometheusExporter | None]:
+    """Rank 0's exporters, in call order: the built-in ones the options ask for (JSONL and TensorBoard in the run's
+    folder ``run_dir``, Prometheus), then ``exporters``; and the built-in Prometheus exporter, if any."""
     reserve_std_fds()  # before any exporter opens a file or a socket
-    built: list[Exporter] = []
+    built = folder_exporters(run_dir, run, opts.heatmap_every) if run_dir is not None else []
     prometheus = None
-    if opts.log_dir:
-        built += [JsonlExporter(opts.log_dir, run),  # refused if another Watch writes there
-                  TensorBoardExporter(opts.log_dir, opts.heatmap_every)]
     if registry is not None or opts.prometheus_port is not None or opts.pushgateway or opts.textfile:
         prometheus = PrometheusExporter(run, registry, opts.prometheus_port, opts.prometheus_host, opts.pushgateway,
                                         opts.textfile)
@@ -70,18 +77,18 @@ class Fanout:
         finally:
             self._emitted.clear()
 
-    def each(self, hook: str, *args: Any) -> list[Any]:
-        """Call ``hook`` (an [`Exporter`][isiwatch.Exporter] method) on every exporter, in order, and
-        return what the calls that worked returned. One that raises is reported (`faults`) and skipped; the
-        next call tries it again, and its next ``write_sample`` that works closes the fault."""
-        exporters = list(self._exporters())
+    def each(self, hook: str, *args: Any, among: Sequence[Exporter] | None = None) -> list[Any]:
+        """Call ``hook`` (an [`Exporter`][isiwatch.Exporter] method) on every exporter (``among``: on those only),
+        in order, and return what the calls that worked returned. One that raises is reported (`faults`) and
+        skipped; the next call tries it again, and its next ``write_sample`` that works closes the fault."""
+        exporters = list(self._exporters() if among is None else among)
         names = [type(exporter).__name__ for exporter in exporters]
         results = []
         if exporters:
             reserve_std_fds()  # stderr may have been closed since the last call; an exporter may open a file now
         for i, exporter in enumerate(exporters):
             source = f"exporter {names[i]}" if names.count(names[i]) == 1 else f"exporter {names[i]}[{i}]"
-            in_use = f"{source} (log_dir in use)"  # its own episode: said even while the exporter already fails
+            in_use = f"{source} (run folder in use)"  # its own episode: said even while the exporter already fails
             with self.faults.guard(source, self.step(), strict=self.options.strict, recover=hook == "write_sample",
                                    sources_by_type={FolderInUse: in_use}):
                 results.append(getattr(exporter, hook)(*args))

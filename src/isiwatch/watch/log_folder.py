@@ -1,4 +1,5 @@
-"""One writer per log folder: the Watch writing a ``log_dir`` holds an advisory lock on a file in it.
+"""One writer per run folder: the Watch writing a run's folder (`isiwatch.watch.run_folder`, under ``log_dir``) holds
+an advisory lock on a file in it.
 
 Two Watches appending to one ``metrics.jsonl`` would interleave two runs, and a resume's rewrite would replace the
 file under the other one's open handle, losing its records. So the first Watch on a folder takes an exclusive
@@ -6,7 +7,9 @@ file under the other one's open handle, losing its records. So the first Watch o
 process or another, is refused in one line naming it. The operating system drops the lock with the process, so a
 crashed run's folder is free for its resume (its lock file stays, unlocked); a Watch that closes removes the file, so
 a finished run's folder holds no lock. A folder that cannot be written when the Watch is built (a full or
-read-only disk) is locked at its first write instead, so two Watches built then still never share it. The holder's
+read-only disk) is locked at its first write instead, so two Watches built then still never share it. Every file
+the Watch writes there (its JSONL records, TensorBoard's event files) is opened under the lock (`LogFolderLock.claim`),
+so nothing of a Watch refused the folder reaches it. The holder's
 record is rewritten in place by one write of a fixed-size, space-padded JSON object (never truncated first), so a
 Watch refused the folder always reads a whole record. Locks are advisory and local: a folder shared over NFS between
 hosts may not be protected (``flock`` there depends on the mount).
@@ -123,6 +126,7 @@ class LogFolderLock:
         self._fd: int | None = None
         self._unsupported = fcntl is None  # Windows, or a file system without flock: never locked
         self._refused = False
+        self._failure: OSError | None = None  # why the last try could not open the lock file
         self.acquire()
 
     def acquire(self) -> None:
@@ -138,8 +142,10 @@ class LogFolderLock:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError:
+            except OSError as exc:
+                self._failure = exc
                 return
+            self._failure = None
             with _TAKING:  # in this process a lock and its holder's record appear together: a refused thread reads
                 try:
                     _lock(fd)
@@ -163,8 +169,20 @@ class LogFolderLock:
             holder = _holder(fd, 0.0 if self._refused else RECORD_WAIT_S)
             self._refused = True
             os.close(fd)
-            raise FolderInUse(f"log_dir {shown_path(self.path.parent)} is in use by {holder}: one Watch writes a "
-                              "log folder; give this run its own log_dir (or close the other Watch first)")
+            raise FolderInUse(f"run folder {shown_path(self.path.parent)} is in use by {holder}: one Watch writes a "
+                              "run folder; give this run its own (leave run_folder unset) or close the other Watch "
+                              "first")
+
+    def claim(self) -> None:
+        """Take the lock before writing into the folder, or raise: nothing is written there unlocked.
+
+        Raises:
+            FolderInUse: Another Watch holds the folder.
+            OSError: The folder cannot be written now (the lock file cannot be created), as the write would fail.
+        """
+        self.acquire()
+        if self._fd is None and not self._unsupported:
+            raise self._failure or OSError(f"log_dir {shown_path(self.path.parent)}: its lock file kept changing")
 
     @property
     def held(self) -> bool:

@@ -6,6 +6,7 @@ dispatches alert records and agrees with the other ranks (`ranks`). Between samp
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections import deque
@@ -21,14 +22,16 @@ from .alerts import Alert, AlertRules, AlertSink
 from .checks import check_arguments
 from .config import build_options
 from .exporters import Exporter, PrometheusExporter, SampleContext
-from .fanout import Fanout, build_exporters
+from .fanout import Fanout, build_exporters, folder_exporters
 from .faults import PROBE_PASS, to_stderr
 from .freezing import KIND as FREEZE_KIND
 from .freezing import Freezer, policy_of
+from .log_folder import LogFolderLock
 from .policies import Policies, freeze, new_policies, stop_reason
 from .probe_pass import ProbePass, own_numerics
 from .published_depth import PublishedDepth
 from .ranks import any_rank, max_over_ranks, min_over_ranks, rank
+from .run_folder import discard_unused, resumed_dir, run_dir_of
 from .sample import Sample
 from .sampling_clock import INTERVAL_KIND, SamplingClock
 from .saved_state import SavedState, read_state, resume_alerts
@@ -59,7 +62,8 @@ class Watch:
       ``"isi/layer_03"`` or ``"loss"``), ``mode``, ``min_delta``, ``patience``, ``check_finite``,
       ``stopping_threshold``, ``divergence_threshold``; isiwatch's own ``warmup`` (samples ignored first);
       ``stop_on_plateau``;
-    - export: ``log_dir`` (TensorBoard + ``metrics.jsonl`` + ``alerts.jsonl``), ``registry`` (a
+    - export: ``log_dir`` (TensorBoard + ``metrics.jsonl`` + ``alerts.jsonl`` in the run's own folder there,
+      `run_dir`; ``run_folder`` names it instead), ``registry`` (a
       prometheus_client ``CollectorRegistry``; a private one by default), ``prometheus_port`` (HTTP on
       ``prometheus_host``, 127.0.0.1 by default), ``pushgateway``, ``textfile``, ``run_name``; ``exporters``:
       more [`Exporter`][isiwatch.Exporter] instances (MLflow, W&B or your own), called after the
@@ -139,10 +143,16 @@ class Watch:
         self._seen_step: int | None = None  # the last step() call, for the final sample
         self._seen_loss: float | Tensor | None = None
         self._closed = False
+        #: The run's folder under ``log_dir`` (`isiwatch.watch.run_folder`): a new one, or the one ``run_folder``
+        #: names; the saved run's once [`load_state_dict`][isiwatch.Watch.load_state_dict] resumes it. None without
+        #: ``log_dir`` and on ranks other than 0.
+        self.run_dir = run_dir_of(opts, self.run) if opts.log_dir and self.rank == 0 else None
         #: Where samples and alert records go, in call order: the built-in exporters the options ask for, then
         #: ``exporters``. Empty on ranks other than 0, and once the Watch is closed.
-        built = build_exporters(opts, self.run, registry, exporters) if self.rank == 0 else ([], None)
+        built = build_exporters(opts, self.run, self.run_dir, registry, exporters) if self.rank == 0 else ([], None)
         self.exporters, self._prometheus = built
+        self._in_run_dir = self.exporters[:2] if self.run_dir is not None else []  # JSONL and TensorBoard
+        self._loaded_folder: str | None = None  # a loaded state's run folder, saved on by a Watch that writes none
         self._fanout = Fanout(self.run, lambda: self.exporters, opts, lambda: self.last_step or 0, alert_callback,
                               echo=self.rank == 0)
         self.alerts, self.faults = self._fanout.alerts, self._fanout.faults
@@ -258,17 +268,31 @@ class Watch:
         """Everything needed to resume alerts, onset tracking and early stopping (not the history)."""
         reached = max((s for s in (self._seen_step, self.last_step) if s is not None), default=None)
         policies = Policies(self.tracker, self.stoppers, self.plateau_stopper)
+        folder = self._loaded_folder if self.run_dir is None else \
+            Path(os.path.relpath(self.run_dir, self.options.log_dir or "")).as_posix()
         return SavedState(self.run, reached, self.last_step, self.should_stop, self.stop_reason, policies, self.alerts,
-                          list(self.rules.stall), self.interval, self.freezer.state_dict() if self.freezer else None
-                          ).to_dict()
+                          list(self.rules.stall), self.interval, self.freezer.state_dict() if self.freezer else None,
+                          folder).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore [`state_dict`][isiwatch.Watch.state_dict]'s output, all or nothing: the whole state is validated (and
         loaded into fresh policies) before anything is assigned, so a bad state raises ``ValueError`` naming the field
-        and leaves the Watch as it was."""
+        and leaves the Watch as it was. The resumed run writes on in its own folder (`run_dir`) unless
+        ``run_folder`` names one: the folder this Watch created is removed when it holds no record yet. A run folder
+        another Watch writes raises `FolderInUse` (a ``ValueError``)."""
         saved = read_state(state, self.options, self.run)
-        if self.freezer is not None and saved.freezer is not None:  # it checks its state before freezing anything
-            self.freezer.load_state_dict(saved.freezer, "Watch state['freezer']")
+        target = resumed_dir(self.options.log_dir, self.options.run_folder, self.run_dir, saved.run_folder)
+        lock = LogFolderLock(target, saved.alerts.run) if target is not None else None  # refused: nothing assigned
+        try:
+            if self.freezer is not None and saved.freezer is not None:  # it checks its state before freezing anything
+                self.freezer.load_state_dict(saved.freezer, "Watch state['freezer']")
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        if target is not None and lock is not None:
+            self._continue_in(target, lock, saved.alerts.run)
+        self._loaded_folder = saved.run_folder
         if saved.alerts.run != self.run:
             self.run = self.alerts.run = saved.alerts.run
             self._fanout.each("rename", self.run)
@@ -280,6 +304,18 @@ class Watch:
         self.rules.stall.extend(saved.isi_stall)
         if saved.step is not None:  # what a crashed run logged after the checkpoint goes: the resumed run logs it anew
             self._fanout.each("resume", saved.run, saved.step)
+
+    def _continue_in(self, run_dir: Path, lock: LogFolderLock, run: str) -> None:
+        """Write the run folder ``run_dir`` (a resumed run's, its ``lock`` taken) from now on: its own exporters
+        replace the ones of the folder this Watch created, which goes when it holds no record."""
+        moved = folder_exporters(run_dir, run, self.options.heatmap_every, lock)
+        old, self._in_run_dir = self._in_run_dir, moved
+        self._fanout.each("close", SampleContext(run, (), None, frozenset(), {}, False), among=old)
+        if self.options.run_folder is None and self.run_dir is not None:
+            discard_unused(self.run_dir)
+        self.exporters = [moved[old.index(e)] if e in old else e for e in self.exporters]
+        self.run_dir = run_dir
+        self._fanout.each("open", among=moved)
 
     def close(self, *, final_sample: bool = True) -> None:
         """Take the final sample ([`finish`][isiwatch.Watch.finish]; ``final_sample=False`` skips it, e.g. after a

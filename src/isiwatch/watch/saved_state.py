@@ -1,8 +1,9 @@
 """The Watch's saved state ([`Watch.state_dict`][isiwatch.Watch.state_dict]) and reading it back: validated whole,
 and loaded into fresh policies, before the Watch assigns anything, so a bad state leaves it as it was.
 
-States saved by older versions lack ``run``, ``step``, ``interval`` and ``freezer``: each falls back to what the
-Watch would have had. The interval is rescaled to this run's ``every_n_steps`` and ``overhead_budget``.
+States saved by older versions lack ``run``, ``step``, ``interval``, ``freezer`` and ``run_folder``: each falls back
+to what the Watch would have had (``run_folder``: ``log_dir`` itself, where those versions wrote). The interval is
+rescaled to this run's ``every_n_steps`` and ``overhead_budget``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from .alerts import AlertEngine
 from .config import WatchOptions
 from .faults import KIND as FAULT_KIND
 from .policies import Policies, new_policies
+from .run_folder import folder_problem
 from .sampling_clock import resumed_interval
 
 #: The version of the state's format that `SavedState.to_dict` writes and `read_state` reads.
@@ -50,6 +52,8 @@ class SavedState:
         isi_stall: The ``isi_stall`` rule's window, (mean ISI, loss) pairs.
         interval: The sampling interval (on reading, fitted to the resumed Watch's options).
         freezer: The freeze policy's state (its own ``state_dict``), None when it is off.
+        run_folder: The run's folder relative to ``log_dir`` (``.``: ``log_dir`` itself), None when the Watch wrote
+            none: a resumed Watch writes on there.
     """
 
     run: str
@@ -62,6 +66,7 @@ class SavedState:
     isi_stall: list[tuple[float, float]]
     interval: int
     freezer: Mapping[str, Any] | None
+    run_folder: str | None
 
     def to_dict(self) -> dict[str, Any]:
         """The state as the Watch's ``state_dict`` returns it (plain data; ``monitor_error`` left out)."""
@@ -70,7 +75,8 @@ class SavedState:
                 "should_stop": self.should_stop, "stop_reason": self.stop_reason, "tracker": tracker.state_dict(),
                 "alerts": _saved_alerts(self.alerts), "stoppers": [s.state_dict() for s in stoppers],
                 "plateau_stopper": plateau_stopper.state_dict() if plateau_stopper else None,
-                "isi_stall": [list(p) for p in self.isi_stall], "interval": self.interval, "freezer": self.freezer}
+                "isi_stall": [list(p) for p in self.isi_stall], "interval": self.interval, "freezer": self.freezer,
+                "run_folder": self.run_folder}
 
 
 def read_state(state: Mapping[str, Any], opts: WatchOptions, run: str) -> SavedState:
@@ -98,6 +104,10 @@ def read_state(state: Mapping[str, Any], opts: WatchOptions, run: str) -> SavedS
     interval = state.get("interval", opts.every_n_steps)  # absent in states saved before it existed
     if not is_count(interval) or interval < 1:
         raise ValueError(f"invalid Watch state: 'interval' must be an int >= 1, got {interval!r}")
+    run_folder = state.get("run_folder", ".")  # absent in states saved before each run had its folder: log_dir
+    if run_folder is not None and (not isinstance(run_folder, str) or folder_problem(run_folder)):
+        raise ValueError(f"invalid Watch state: 'run_folder' must be null or a folder under log_dir, got "
+                         f"{run_folder!r}")
     alerts = AlertEngine(opts.run_name or saved)  # an explicit run_name wins over the saved one
     policies.tracker.load_state_dict(s["tracker"], "Watch state['tracker']")
     alerts.load_state_dict(s["alerts"], "Watch state['alerts']")
@@ -107,7 +117,8 @@ def read_state(state: Mapping[str, Any], opts: WatchOptions, run: str) -> SavedS
         policies.plateau_stopper.load_state_dict(s["plateau_stopper"], "Watch state['plateau_stopper']")
     return SavedState(saved, step, s["last_step"], s["should_stop"], s["stop_reason"], policies, alerts,
                       [(float(i), float(loss)) for i, loss in s["isi_stall"]],
-                      resumed_interval(interval, opts.every_n_steps, opts.overhead_budget), state.get("freezer"))
+                      resumed_interval(interval, opts.every_n_steps, opts.overhead_budget), state.get("freezer"),
+                      run_folder)
 
 
 def resume_alerts(alerts: AlertEngine, saved: AlertEngine) -> None:

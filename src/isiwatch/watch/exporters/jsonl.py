@@ -32,15 +32,18 @@ class JsonlExporter(Exporter):
             [`open`][isiwatch.Exporter.open] or the first write; existing files are appended to,
             so a resumed run continues them).
         run: The run's name, recorded in the lock for the refusal another writer gets.
+        lock: The folder's lock when another exporter of the Watch shares it and releases it (TensorBoard's, which
+            closes after this one); by default its own, released by ``close``.
 
     Raises:
         FolderInUse: Another Watch (or exporter) writes ``log_dir``.
     """
 
-    def __init__(self, log_dir: str | Path, run: str = ""):
+    def __init__(self, log_dir: str | Path, run: str = "", lock: LogFolderLock | None = None):
         self.dir = Path(log_dir)
         self._files: dict[str, TextIO] = {}
-        self._lock = LogFolderLock(self.dir, run)
+        self._lock = lock or LogFolderLock(self.dir, run)
+        self._owns_lock = lock is None  # a shared lock is released by the exporter that closes last
         #: Resumes whose rewrite has not succeeded yet, by file: (run, step, bytes of the file the rewrite filters;
         #: what was appended after the resume is the resumed run's and is kept as it is).
         self._pending: dict[str, tuple[str, int, int]] = {}
@@ -60,7 +63,7 @@ class JsonlExporter(Exporter):
             raise FileNotFoundError(errno.ENOENT, f"{path} was deleted mid-run; the next sample writes it anew")
         if fh is None:
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._lock.acquire()  # not taken when the folder could not be written before: first, before any line
+            self._lock.claim()  # not taken when the folder could not be written before: first, before any line
             fh = self._files[name] = open(path, "a", encoding="utf-8")
         return fh
 
@@ -125,7 +128,7 @@ class JsonlExporter(Exporter):
         rest and whatever was appended since."""
         run, step, size = self._pending[name]
         path = self.dir / name
-        self._lock.acquire()
+        self._lock.claim()
         try:
             with open(path, "rb") as fh:
                 head = fh.read(size)
@@ -157,7 +160,8 @@ class JsonlExporter(Exporter):
         files, self._files = self._files, {}
         for fh in files.values():
             fh.close()
-        self._lock.release()
+        if self._owns_lock:
+            self._lock.release()
 
 
 def _superseded(line: bytes, run: str, step: int) -> bool:

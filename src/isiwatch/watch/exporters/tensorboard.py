@@ -37,6 +37,7 @@ from ...measure.plots import HeatmapPanel
 from ...measure.vocabulary import alert_words, legend
 from ..alerts import Alert
 from ..faults import import_cleanly
+from ..log_folder import LogFolderLock
 from ..sample import Sample
 from .base import Exporter, SampleContext, present_series
 
@@ -98,10 +99,13 @@ class TensorBoardExporter(Exporter):
     Args:
         log_dir: The folder of the event files.
         heatmap_every: Samples between two heat-map writes (the close writes them once more).
+        lock: The folder's lock (the Watch's JSONL exporter shares it): every event file is opened under it, so a
+            run refused the folder writes no event there; the close releases it. None: the folder is not locked.
     """
 
-    def __init__(self, log_dir: str | Path, heatmap_every: int = 10):
+    def __init__(self, log_dir: str | Path, heatmap_every: int = 10, lock: LogFolderLock | None = None):
         self.log_dir = str(log_dir)
+        self.lock = lock
         self.heatmap_every = heatmap_every
         self._writer: SummaryWriter | None = None
         self._layout_written = False
@@ -124,8 +128,11 @@ class TensorBoardExporter(Exporter):
 
     @property
     def writer(self) -> SummaryWriter:
-        """The open writer; a new one (a new event file in ``log_dir``) after a write failed."""
+        """The open writer; a new one (a new event file in ``log_dir``, under the folder's lock) after a write
+        failed."""
         if self._writer is None:
+            if self.lock is not None:
+                self.lock.claim()  # raises FolderInUse while another run holds the folder
             import_cleanly("torch.utils.tensorboard")
             from torch.utils.tensorboard import SummaryWriter
 
@@ -272,7 +279,7 @@ class TensorBoardExporter(Exporter):
             self.writer.flush()
 
     def close(self, context: SampleContext) -> None:
-        """Write the final heat-maps, then close the event file."""
+        """Write the final heat-maps, then close the event file and release the folder's lock."""
         try:
             self.write_heatmaps(context.history)
         finally:
@@ -280,6 +287,8 @@ class TensorBoardExporter(Exporter):
             if writer is not None:
                 self._writer = writer
                 self._drop_writer()
+            if self.lock is not None:
+                self.lock.release()
 
 
 def heatmap_images(history: Sequence[Sample], panel: HeatmapPanel, pause: float = 0.0,
