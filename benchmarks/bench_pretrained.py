@@ -352,10 +352,10 @@ def cost_stage(args: argparse.Namespace, data: dict[str, torch.Tensor]) -> dict[
 #: truncate's arms: CLI flags beside --max-drop (auto), and fixed ShortGPT (block influence) cuts, at the
 #: recommended depth and at the depth of the cut the default certified at the middle --drops (`CERTIFIED_DEPTH`).
 #: ``heal only`` heals at the default rate, which for this checkpoint is its recorded fine-tuning rate.
-ARMS = {"default": [], "no repair": ["--bridge", "none", "--epochs", "0"], "bridge only": ["--epochs", "0"],
-        "heal only": ["--bridge", "none"], "heal only at lr 1e-3": ["--bridge", "none", "--lr", "1e-3"],
-        "bi at the recommended depth": ["--strategy", "bi"],
-        "bi at the certified cut's depth": ["--strategy", "bi", "--keep", "CERTIFIED_DEPTH"]}
+ARMS = {"default": [], "bridge only": ["--epochs", "0"], "no repair": ["--bridge", "none", "--epochs", "0"],
+        "bi at the certified cut's depth": ["--strategy", "bi", "--keep", "CERTIFIED_DEPTH"],
+        "bi at the recommended depth": ["--strategy", "bi"], "heal only": ["--bridge", "none"],
+        "heal only at lr 1e-3": ["--bridge", "none", "--lr", "1e-3"]}
 FIXED_ARMS = ("bi at the recommended depth", "bi at the certified cut's depth")
 
 
@@ -376,21 +376,20 @@ def repair_flops(cut: torch.nn.Module, report: dict[str, Any], image: torch.Tens
     return steps * int((report.get("batch") or {}).get("global") or 128) * step_flops(cut, image[:1])
 
 
-def truncate_stage(args: argparse.Namespace, data: dict[str, torch.Tensor], record: dict[str, Any],
-                   done: Any) -> dict[str, Any]:
+def truncate_stage(args: argparse.Namespace, data: dict[str, torch.Tensor], done: Any) -> dict[str, Any]:
     """``isiwatch truncate`` on the fine-tuned checkpoint through the CLI, each arm at each ``--drops``
-    (confidence 0.95): blocks removed, the bound, the written file's test accuracy evaluated here (its own load and
-    predictions, not the report's), wall time and repair FLOPs; each run is recorded as soon as it ends."""
+    (confidence 0.95), every row afresh: blocks removed, the bound, the written file's test accuracy evaluated here
+    (its own load and predictions, not the report's), wall time and repair FLOPs; each run is recorded as soon as it
+    ends."""
     from isiwatch.io.checkpoint import load_checkpoint
     from isiwatch.io.models import build_model
 
-    stage = record.get("truncate", {"runs": []})
+    stage: dict[str, Any] = {"runs": []}  # every row from this code: a row of an earlier run may predate a change
     out = args.out / "cuts"
     out.mkdir(parents=True, exist_ok=True)
-    stage["runs"] = [r for r in stage["runs"] if r["arm"] in ARMS and r["flags"] == ARMS[r["arm"]]]  # current arms
     middle = args.drops[len(args.drops) // 2]
-    for drop in args.drops:
-        for arm in sorted(args.arms, key=lambda a: a in FIXED_ARMS):  # the default's cuts before the depth they set
+    for arm in args.arms:  # in the order given: the default's before the depth it sets (and what matters first)
+        for drop in args.drops:
             if arm in FIXED_ARMS and drop != middle:
                 continue  # a fixed cut has no --max-drop: run once
             flags = list(ARMS[arm])
@@ -496,7 +495,7 @@ def main() -> None:
         if "cost" in only:
             done("cost", cost_stage(args, data))
         if "truncate" in only:
-            truncate_stage(args, data, record, done)
+            truncate_stage(args, data, done)
     if "finetuned" in only:
         from isiwatch.io.checkpoint import load_checkpoint
         from isiwatch.io.models import build_model

@@ -629,17 +629,15 @@ def pretrained(data: dict) -> list[str]:
         lines += _watch_run(f"Lightning (`ISIWatchCallback`; test n={lightning['accuracy']['test_n']} "
                             f"{lightning['accuracy']['test']:.3f})", lightning)
     if (cuts := data.get("truncate")) and cuts.get("runs"):
-        lines += ["", "`isiwatch truncate` on the fine-tuned checkpoint (`python benchmarks/bench_pretrained.py "
-                  "--only truncate --arms ARM... --drops D...`, the runs of several such commands; machine of the "
-                  f"last: {describe(cuts['machine'])}), confidence 0.95, 500 validation digits; the test accuracy is "
-                  "the "
+        lines += ["", f"`isiwatch truncate` on the fine-tuned checkpoint (`{cuts['command']}`; machine: "
+                  f"{describe(cuts['machine'])}), confidence 0.95, 500 validation digits; the test accuracy is the "
                   "written file loaded and evaluated by the script on the 500 test digits (uncut: "
                   f"{data['plain']['accuracy']['test']:.3f}), not read from the report:", "",
                   "| arm (flags) | --max-drop | blocks removed (dropped) | repair | bound (points) | test accuracy | "
                   "healing steps | repair GFLOPs | wall time |", "|---|---|---|---|---|---|---|---|---|"]
         arms = list(bench_pretrained.ARMS)
-        for run in sorted(cuts["runs"], key=lambda r: (r["max_drop"], arms.index(r["arm"]))):
-            flags = " ".join(run["flags"]) or "defaults"
+        for run in sorted(cuts["runs"], key=lambda r: (arms.index(r["arm"]), r["max_drop"])):
+            flags = " ".join(run.get("command_flags", run["flags"])) or "defaults"
             drop = "-" if "--strategy" in run["flags"] else f"{run['max_drop']:g}"  # a fixed cut has no bound
             if "test_accuracy" not in run:  # refused, or no certified cut: no file written
                 why = run["last_line"].removeprefix("Error: ")

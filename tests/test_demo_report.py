@@ -191,7 +191,7 @@ def test_report_shows_the_recommended_depth_and_reads_older_files(tmp_path):
     x, y = embedded_digits()
     px, py = x[4000:4064], y[4000:4064]
     model, run = tiny_vit(), tmp_path / "run"
-    with Watch(model, px, py, every_n_steps=1, log_dir=run) as watch:
+    with Watch(model, px, py, every_n_steps=1, log_dir=run, run_folder=".") as watch:
         watch.step(1)
         watch.step(2)
     at_last = watch.history[-1].recommendation.to_dict()
@@ -226,7 +226,7 @@ def test_out_of_range_prometheus_port_is_refused_before_anything_is_written(tmp_
 def watched_run(tmp_path_factory):
     x, y = embedded_digits()
     run = tmp_path_factory.mktemp("watched") / "run"
-    with Watch(tiny_vit(), x[4000:4064], y[4000:4064], every_n_steps=1, log_dir=run) as watch:
+    with Watch(tiny_vit(), x[4000:4064], y[4000:4064], every_n_steps=1, log_dir=run, run_folder=".") as watch:
         for step in (1, 2, 3):
             watch.step(step)
     return run

@@ -43,7 +43,7 @@ def test_watch_samples_every_family(family, digits, tmp_path):
         values = sample.layers[metric]
         assert len(values) == depth and all(math.isfinite(v) for v in values), (family, metric)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
-    lines = (run_dir(tmp_path) / "metrics.jsonl").read_text().splitlines()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["step"] == 1
 
 

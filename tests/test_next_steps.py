@@ -24,7 +24,7 @@ def watched(tmp_path_factory):
     """A Watch's log folder (TensorBoard events, metrics.jsonl, alerts.jsonl) and the model it watched."""
     x, y = embedded_digits()
     model, run = tiny_vit(), tmp_path_factory.mktemp("next") / "run"
-    with Watch(model, x[4000:4064], y[4000:4064], every_n_steps=1, log_dir=run) as watch:
+    with Watch(model, x[4000:4064], y[4000:4064], every_n_steps=1, log_dir=run, run_folder=".") as watch:
         watch.step(1)
         watch.step(2)
     return run, model, (x[4000:4064], y[4000:4064])

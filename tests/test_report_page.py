@@ -23,7 +23,8 @@ def named_run(tmp_path_factory):
     """Three samples of a Watch named "sweep-7", logged into a folder called "run"."""
     x, y = embedded_digits()
     run = tmp_path_factory.mktemp("named") / "run"
-    with Watch(tiny_vit(), x[4000:4064], y[4000:4064], every_n_steps=1, log_dir=run, run_name="sweep-7") as watch:
+    with Watch(tiny_vit(), x[4000:4064], y[4000:4064], every_n_steps=1, log_dir=run, run_folder=".",
+               run_name="sweep-7") as watch:
         for step in (1, 2, 3):
             watch.step(step)
     return run

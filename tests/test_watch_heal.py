@@ -132,10 +132,10 @@ def test_alert_rules_that_fail_once_are_cleared():
                   alert_callback=records.append)
     real = watch.rules.conditions
 
-    def fails_at_step_2(sample, tracker):
+    def fails_at_step_2(sample, *args):
         if sample.step == 2:
             raise RuntimeError("alert rule failed (injected)")
-        return real(sample, tracker)
+        return real(sample, *args)
 
     watch.rules.conditions = fails_at_step_2
     for step in range(1, 7):

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._utils.wording import points
+from ..measure.binomial import clopper_pearson_lower, clopper_pearson_upper
 
-__all__ = ["AcceptanceRule", "PairedDrop", "SearchGuarantee", "above_chance", "upper_bound"]
+__all__ = ["AcceptanceRule", "PairedDrop", "SearchGuarantee", "upper_bound"]
 
 
 @dataclass(frozen=True)
@@ -71,24 +72,6 @@ class PairedDrop:
         return {"images": self.images, "uncut_only": self.uncut_only, "cut_only": self.cut_only}
 
 
-def _clopper_pearson_upper(successes: int, trials: int, alpha: float) -> float:
-    """The one-sided (1 − alpha) upper bound of a binomial proportion."""
-    if successes >= trials:
-        return 1.0
-    from scipy.stats import beta
-
-    return float(beta.ppf(1 - alpha, successes + 1, trials - successes))
-
-
-def _clopper_pearson_lower(successes: int, trials: int, alpha: float) -> float:
-    """The one-sided (1 − alpha) lower bound of a binomial proportion."""
-    if successes <= 0:
-        return 0.0
-    from scipy.stats import beta
-
-    return float(beta.ppf(alpha, successes, trials - successes + 1))
-
-
 def upper_bound(pair: PairedDrop, alpha: float) -> float:
     """An upper bound on the true accuracy drop (a fraction) that holds with probability at least ``1 − alpha``
     (see the module docstring); ``alpha`` 1 or more: the observed drop."""
@@ -96,14 +79,8 @@ def upper_bound(pair: PairedDrop, alpha: float) -> float:
         return pair.drop
     if not 0 < alpha:
         raise ValueError(f"alpha must be above 0, got {alpha}")
-    return (_clopper_pearson_upper(pair.uncut_only, pair.images, alpha / 2)
-            - _clopper_pearson_lower(pair.cut_only, pair.images, alpha / 2))
-
-
-def above_chance(correct: int, images: int, chance: float, alpha: float) -> bool:
-    """Whether ``correct`` of ``images`` is significantly above the accuracy ``chance`` (a fraction): the
-    one-sided exact (Clopper–Pearson) test at level ``alpha``, its lower bound above ``chance``."""
-    return _clopper_pearson_lower(correct, images, alpha) > chance
+    return (clopper_pearson_upper(pair.uncut_only, pair.images, alpha / 2)
+            - clopper_pearson_lower(pair.cut_only, pair.images, alpha / 2))
 
 
 @dataclass(frozen=True)

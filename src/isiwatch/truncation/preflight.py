@@ -12,7 +12,8 @@ from torch import Tensor, nn
 from .._utils.option_error import OptionError
 from .._utils.wording import points
 from ..measure.analysis import Analysis
-from .confidence import SearchGuarantee, above_chance
+from ..measure.binomial import above_chance
+from .confidence import SearchGuarantee
 from .data_split import Split
 from .healing import predict
 from .request import TruncateRequest

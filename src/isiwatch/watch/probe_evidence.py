@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..truncation.confidence import above_chance
+from ..measure.binomial import above_chance
 
 __all__ = ["PairedProbes", "holds"]
 
