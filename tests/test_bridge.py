@@ -132,8 +132,7 @@ def test_epochs_0_certifies_a_bridged_cut_deeper_than_the_cut_as_it_is_and_timm_
     assert winner["repair"] == "bridge" and winner["keep"] < 4 and winner["bridge"]["runs"]
     as_cut = [c["keep"] for c in search["candidates"] if c["repair"] == "none" and c["qualifies"]]
     assert min(as_cut) == 4 and winner["validation_drop"]["upper_bound_points"] <= 3.0
-    assert (search["bridge"]["fitting_images"], search["bridge"]["calibration_images"]) == (100, 100)  # halves
-    assert search["bridge"]["calibration_seconds"] > 0
+    assert search["bridge"]["calibration_images"] == 200 and search["bridge"]["calibration_seconds"] > 0
     saved = torch.load(out, weights_only=True)
     plain = timm.create_model(saved["arch"], pretrained=False, **saved["model_kwargs"])
     plain.load_state_dict(saved["state_dict"], strict=True)

@@ -19,7 +19,7 @@ ARCH = "vit_tiny_patch16_224"
 KWARGS = {"img_size": 28, "patch_size": 7, "in_chans": 1, "num_classes": 10, "embed_dim": 32, "depth": 2,
           "num_heads": 2}
 #: A short search: one healed candidate of one healing step, on the analysis of 64 digits.
-QUICK = ["--budget", "1", "--heal-steps", "1", "--images", "128", "--device", "cpu"]
+QUICK = ["--budget", "1", "--heal-steps", "1", "--images", "64", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")

@@ -83,10 +83,7 @@ def least_repair(tried: dict[str, PairedDrop], rule: AcceptanceRule, images: int
 
 class CutRepair:
     """The repair of each cut of ``uncut`` an ``auto`` search tests, chosen on the calibration ``images`` and their
-    ``labels`` (healing images, never validation ones), halved: the bridge is fitted on the first half and every
-    repair is judged on the second, which no bridge saw (a least-squares bridge judged on the images it was fitted on
-    matched the uncut model on all 1,000 of them, a predicted bound of 0.7 points, and then lost 1.7 on validation:
-    ``benchmarks/bench_pretrained.py``'s DINOv2 cut). The least repair first: the cut as it is when its paired
+    ``labels`` (healing images, never validation ones), the least repair first: the cut as it is when its paired
     comparison with the uncut model there, scaled to the validation split, would qualify; else bridged (``method``)
     when that would; else healed from the cut as it is (when the caller may heal; healing bridged cuts certified fewer
     blocks in an earlier run of ``benchmarks/bench_bridge.py``), or, when it may not, whichever of the two comes
@@ -95,12 +92,8 @@ class CutRepair:
     and only when there is a choice to make."""
 
     def __init__(self, uncut: nn.Module, images: Tensor, labels: Tensor, method: str = DEFAULT_BRIDGE):
-        half = len(images) // 2
-        self.uncut, self.method = uncut, method
-        #: The bridge's fitting images (the first half) and the judged images with their labels (the second).
-        self.fitting, self.images, self.labels = images[:half], images[half:], labels[half:]
-        self.stream = UncutStream(uncut, self.images)
-        self.fitting_stream = UncutStream(uncut, self.fitting)
+        self.uncut, self.images, self.labels, self.method = uncut, images, labels, method
+        self.stream = UncutStream(uncut, images)
         self.models: dict[tuple[int, ...], dict[str, tuple[nn.Module, dict[str, Any] | None]]] = {}
         self.calibration: dict[tuple[int, ...], dict[str, PairedDrop]] = {}
         self.disagreement: dict[tuple[int, ...], dict[str, float]] = {}
@@ -161,7 +154,7 @@ class CutRepair:
         if self.method != "none" and "bridged" not in models:
             start = time.perf_counter()
             bridged = copy.deepcopy(models["cut"][0])
-            fit = bridge_cut(self.uncut, bridged, kept, self.fitting, self.method, self.fitting_stream)
+            fit = bridge_cut(self.uncut, bridged, kept, self.images, self.method, self.stream)
             models["bridged"] = (bridged, fit.to_dict() if fit.bridged else None)
             self.seconds += time.perf_counter() - start
         return "bridged" in models and models["bridged"][1] is not None
@@ -188,7 +181,7 @@ class CutRepair:
     def to_dict(self) -> dict[str, Any]:
         """The bridge's settings and what judging and fitting cost over every cut (seconds, images)."""
         return {"method": self.method, "ridge": None if self.method == "none" else RIDGE,
-                "calibration_images": len(self.images), "fitting_images": len(self.fitting),
+                "calibration_images": len(self.images),
                 "cuts_judged": sum(bool(tried) for tried in self.calibration.values()),
                 "cuts_fitted": sum(m.get("bridged", (None, None))[1] is not None for m in self.models.values()),
                 "calibration_seconds": self.seconds}

@@ -109,9 +109,7 @@ def rule_line(search: dict[str, Any]) -> str:
         [f"healed ({search['heal_steps']} steps, {search['budget']} candidates at most)"] if search["heal_steps"]
         else [])
     chosen = (f"; each cut {', '.join(repairs[:-1])} or {repairs[-1]}: the least repair that would qualify with its "
-              f"rates of discordant images among {bridge['calibration_images']} healing images (heal-image bound"
-              + (f"; the bridge fitted on {bridge['fitting_images']} others" if bridge.get("fitting_images") else "")
-              + ")"
+              f"rates of discordant images among {bridge['calibration_images']} healing images (heal-image bound)"
               if len(repairs) > 1 else "; cuts as they are (no repair)")
     return (f"uncut accuracy validation n={search['validation_images']} {search['uncut_validation_accuracy']:.3f} "
             f"(val columns: the same {search['validation_images']} images); a cut qualifies when {how}; drops and "
