@@ -176,9 +176,10 @@ def sample_rows(watch: Watch) -> list[dict[str, Any]]:
     return rows
 
 
-def alert_rows(log_dir: Path) -> list[dict[str, Any]]:
-    """The run's ``alerts.jsonl``, as a user reads it."""
-    path = log_dir / "alerts.jsonl"
+def alert_rows(watch: Watch) -> list[dict[str, Any]]:
+    """The run's ``alerts.jsonl`` (in its run folder), as a user reads it."""
+    assert watch.run_dir is not None
+    path = watch.run_dir / "alerts.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
@@ -246,7 +247,7 @@ def plain_stage(args: argparse.Namespace, data: dict[str, torch.Tensor], out: Pa
     return {"steps": args.steps, "batch": args.batch, "lr": args.lr, "head_lr": args.head_lr, "warmup": args.warmup,
             "every_n_steps": args.every,
             "probe_images": f"{len(probe_y)} held-out digits (validation split)",
-            "train_seconds": round(train_seconds, 1), "samples": sample_rows(watch), "alerts": alert_rows(log_dir),
+            "train_seconds": round(train_seconds, 1), "samples": sample_rows(watch), "alerts": alert_rows(watch),
             "prometheus": {"rules": "isiwatch deploy, unmodified (for: 1m, 15 s scrape and evaluation)",
                            "alerts": fired},
             "accuracy": {"validation": val, "validation_n": len(data["val_y"]), "test": test,
@@ -287,7 +288,7 @@ def lightning_stage(args: argparse.Namespace, data: dict[str, torch.Tensor], out
     trainer.fit(Finetune(model), train)
     watch = callback.watch
     return {"steps": trainer.global_step, "seconds": round(time.perf_counter() - start, 1),
-            "samples": sample_rows(watch), "alerts": alert_rows(log_dir),
+            "samples": sample_rows(watch), "alerts": alert_rows(watch),
             "accuracy": {"test": accuracy(model.eval(), data["test_x"], data["test_y"]),
                          "test_n": len(data["test_y"])}}
 
