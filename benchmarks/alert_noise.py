@@ -24,11 +24,23 @@ import torch.nn.functional as F
 
 from isiwatch import Watch
 from isiwatch.io.data import embedded_digits
+from isiwatch.watch.sample import Sample
 
 sys.path.insert(0, str(Path(__file__).parent))
 from machine import machine  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "alert_noise" / "alert_noise.json"
+
+
+def old_rule(samples: list[Sample]) -> list[tuple[str, int]]:
+    """The rule before the test: open while the [CLS] accuracy is below the mean-patch one, close when it is not."""
+    records, open_ = [], False
+    for s in samples:
+        behind = s.layers["probe_cls"][-1] < s.layers["probe_patch_mean"][-1]
+        if behind != open_:
+            records.append(("cls_marginalized" if behind else "cls_marginalized_cleared", s.step))
+            open_ = behind
+    return records
 
 
 def run(seed: int, steps: int, every: int) -> dict[str, Any]:
@@ -56,12 +68,7 @@ def run(seed: int, steps: int, every: int) -> dict[str, Any]:
     proposed = [s.depth_evidence["proposed"] if s.depth_evidence else s.recommendation.depth for s in samples
                 if s.recommendation is not None]
     published = [s.recommendation.depth for s in samples if s.recommendation is not None]
-    old, open_ = [], False
-    for s in samples:
-        behind = s.layers["probe_cls"][-1] < s.layers["probe_patch_mean"][-1]
-        if behind != open_:
-            old.append(("cls_marginalized" if behind else "cls_marginalized_cleared", s.step))
-            open_ = behind
+    old = old_rule(samples)
     new = [r for r in records if r[0].startswith("cls_marginalized")]
     return {"seed": seed, "steps": [s.step for s in samples],
             "probe_cls": [round(s.layers["probe_cls"][-1], 4) for s in samples],

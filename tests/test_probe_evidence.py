@@ -2,6 +2,9 @@
 cls_marginalized alert and the published depth, on hand-made held-out predictions (38 held out, as with 128 probe
 images)."""
 
+import sys
+from pathlib import Path
+
 import pytest
 from scipy.stats import binomtest
 
@@ -11,6 +14,9 @@ from isiwatch.watch.alerts import AlertEngine, AlertRules
 from isiwatch.watch.probe_evidence import PairedProbes, holds
 from isiwatch.watch.published_depth import PublishedDepth
 from isiwatch.watch.sample import Sample
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from alert_noise import old_rule  # noqa: E402  (the rule the benchmark replays)
 
 HELD_OUT = 38
 
@@ -33,17 +39,6 @@ def cls_records(samples: list[Sample]) -> list[tuple[str, int]]:
     for s in samples:
         records += engine.update(s.step, rules.conditions(s, tracker, engine.active))
     return [(r.kind, r.step) for r in records if r.kind.startswith("cls_marginalized")]
-
-
-def old_rule(samples: list[Sample]) -> list[tuple[str, int]]:
-    """The rule before the test: open while the [CLS] accuracy is below the mean-patch one, close when it is not."""
-    records, open_ = [], False
-    for s in samples:
-        behind = s.layers["probe_cls"][-1] < s.layers["probe_patch_mean"][-1]
-        if behind != open_:
-            records.append(("cls_marginalized" if behind else "cls_marginalized_cleared", s.step))
-            open_ = behind
-    return records
 
 
 def test_the_exact_test_is_mcnemars_and_its_p_value_agrees_with_its_decision():

