@@ -222,14 +222,19 @@ def test_out_of_range_prometheus_port_is_refused_before_anything_is_written(tmp_
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.fixture(scope="module")
-def watched_run(tmp_path_factory):
+def three_samples(run: Path, **options) -> Path:
+    """A Watch's log of three samples of a tiny ViT on 64 held-out digits, written into the folder ``run``."""
     x, y = embedded_digits()
-    run = tmp_path_factory.mktemp("watched") / "run"
-    with Watch(tiny_vit(), x[4000:4064], y[4000:4064], every_n_steps=1, log_dir=run, run_folder=".") as watch:
+    with Watch(tiny_vit(), x[4000:4064], y[4000:4064], every_n_steps=1, log_dir=run, run_folder=".",
+               **options) as watch:
         for step in (1, 2, 3):
             watch.step(step)
     return run
+
+
+@pytest.fixture(scope="module")
+def watched_run(tmp_path_factory):
+    return three_samples(tmp_path_factory.mktemp("watched") / "run")
 
 
 @pytest.fixture

@@ -9,25 +9,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_demo_report import CHROMIUM_FLAGS, drawn_figures, truncation_report
+from test_demo_report import CHROMIUM_FLAGS, drawn_figures, three_samples, truncation_report
 from test_truncate_explain import candidate
-from test_watch import tiny_vit
 
-from isiwatch import Watch
 from isiwatch.cli.report import write_report
-from isiwatch.io.data import embedded_digits
 
 
 @pytest.fixture(scope="module")
 def named_run(tmp_path_factory):
     """Three samples of a Watch named "sweep-7", logged into a folder called "run"."""
-    x, y = embedded_digits()
-    run = tmp_path_factory.mktemp("named") / "run"
-    with Watch(tiny_vit(), x[4000:4064], y[4000:4064], every_n_steps=1, log_dir=run, run_folder=".",
-               run_name="sweep-7") as watch:
-        for step in (1, 2, 3):
-            watch.step(step)
-    return run
+    return three_samples(tmp_path_factory.mktemp("named") / "run", run_name="sweep-7")
 
 
 @pytest.fixture
