@@ -24,13 +24,20 @@ def watch(px, py, log_dir, **options):
     return Watch(tiny_vit(), px, py, every_n_steps=1, log_dir=log_dir, heatmap_every=1000, **options)
 
 
+def two_runs(px, py, log_dir, steps):
+    """The run folders of a run named "first" then one named "second" in ``log_dir``, each stepped ``steps``."""
+    folders = []
+    for name in ("first", "second"):
+        with watch(px, py, log_dir, run_name=name) as w:
+            for step in steps:
+                w.step(step, 1.0)
+            folders.append(w.run_dir)
+    return folders
+
+
 def test_two_runs_one_after_the_other_write_two_folders(digits, tmp_path):  # noqa: F811
     _, _, px, py = digits
-    runs = []
-    for name in ("first", "second"):
-        with watch(px, py, tmp_path, run_name=name) as w:
-            w.step(1, 1.0)
-            runs.append(w.run_dir)
+    runs = two_runs(px, py, tmp_path, (1,))
     assert runs[0] != runs[1] and sorted(runs) == runs  # the names sort by start
     assert [p.parent for p in runs] == [tmp_path, tmp_path] and not (tmp_path / "metrics.jsonl").exists()
     assert re.fullmatch(r"\d{8}-\d{6}-first", runs[0].name)
@@ -104,12 +111,7 @@ def test_a_state_saved_before_run_folders_resumes_in_log_dir_itself(digits, tmp_
 
 def test_report_of_a_log_dir_reports_its_latest_run_and_says_so(digits, tmp_path):  # noqa: F811
     _, _, px, py = digits
-    folders = []
-    for name in ("first", "second"):
-        with watch(px, py, tmp_path, run_name=name) as w:
-            w.step(1, 1.0)
-            w.step(2, 1.0)
-            folders.append(w.run_dir)
+    folders = two_runs(px, py, tmp_path, (1, 2))
     result = CliRunner().invoke(main, ["report", str(tmp_path)])
     assert result.exit_code == 0, result.output
     first_line = result.output.splitlines()[0]
